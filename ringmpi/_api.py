@@ -1,0 +1,203 @@
+"""The library API: Allreduce, allreduce and the Comm wrapper."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import dtlib
+
+from . import algorithms
+from . import trace as _trace
+from ._comm import Context, check_comm, context
+from ._errors import RingMPIError
+from .kernels import Reduction, reduction
+
+__all__ = ["Allreduce", "Comm", "allreduce"]
+
+
+def Allreduce(
+    sendbuf: Any,
+    recvbuf: Any,
+    op: Any = MPI.SUM,
+    comm: MPI.Intracomm | None = None,
+    *,
+    algorithm: str = "auto",
+    validate: bool | None = None,
+) -> None:
+    """All-reduce ``sendbuf`` into ``recvbuf`` on every rank of ``comm``, like ``comm.Allreduce``.
+
+    ``sendbuf`` is a NumPy array, an mpi4py buffer spec (``[buf, MPI.FLOAT]``,
+    ``[buf, count, MPI.FLOAT]``) or ``MPI.IN_PLACE``; ``recvbuf`` an array or a
+    buffer spec. ``comm`` None means ``MPI.COMM_WORLD``. ``algorithm`` is a name
+    from the registry (``"auto"``, ``"ring"``, ``"mpi"``). ``validate`` (default:
+    the ``RINGMPI_VALIDATE`` environment variable) first checks that every rank
+    agrees on count, dtype, op and algorithm, and raises the same RingMPIError
+    on every rank when they do not.
+    """
+    comm = check_comm(comm)
+    algorithms.lookup(algorithm)
+    recv = _as_array(recvbuf, "recvbuf")
+    if not recv.flags.writeable:
+        raise ValueError("recvbuf is read-only")
+    if sendbuf is MPI.IN_PLACE:
+        send = None
+        count = recv.size
+    else:
+        send = _as_array(sendbuf, "sendbuf")
+        if send.dtype != recv.dtype:
+            raise TypeError(
+                f"recvbuf has dtype {recv.dtype} but sendbuf has dtype {send.dtype}; "
+                "they must be the same"
+            )
+        count = send.size
+        if recv.size < count:
+            raise ValueError(
+                f"recvbuf too small: it holds {recv.size} elements, sendbuf has {count}"
+            )
+        if np.may_share_memory(send, recv):
+            raise ValueError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE as sendbuf instead")
+    red = reduction(op, recv.dtype)
+    _run(send, recv, count, red, comm, algorithm, validate)
+
+
+def allreduce(
+    array: Any,
+    op: Any = MPI.SUM,
+    comm: MPI.Intracomm | None = None,
+    *,
+    algorithm: str = "auto",
+    validate: bool | None = None,
+) -> np.ndarray:
+    """Return a new array: the all-reduce of ``array`` over ``comm`` (same shape and dtype)."""
+    send = np.asarray(array)
+    result = np.empty(send.shape, send.dtype)
+    Allreduce(send, result, op, comm, algorithm=algorithm, validate=validate)
+    return result
+
+
+class Comm(MPI.Intracomm):
+    """An mpi4py intracommunicator whose ``Allreduce``/``allreduce`` go through ringmpi.
+
+    It is the same MPI communicator (a new Python handle to it), so every other
+    method and attribute is the wrapped communicator's own::
+
+        comm = ringmpi.Comm(MPI.COMM_WORLD)   # the one-line change
+    """
+
+    def __new__(cls, comm: MPI.Intracomm | None = None) -> Comm:
+        return super().__new__(cls, check_comm(comm))
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
+        Allreduce(sendbuf, recvbuf, op, self)
+
+    def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
+        """A NumPy array goes through ringmpi; any other object through mpi4py's pickle path."""
+        if isinstance(sendobj, np.ndarray):
+            return allreduce(sendobj, op, self)
+        return super().allreduce(sendobj, op)
+
+
+# --- internals -----------------------------------------------------------------
+
+
+def _as_array(buf: Any, name: str) -> np.ndarray:
+    """A NumPy view of a buffer argument: an array, a buffer object or a buffer spec."""
+    if isinstance(buf, np.ndarray):
+        return buf
+    if isinstance(buf, (list, tuple)) and len(buf) in (2, 3) and isinstance(buf[-1], MPI.Datatype):
+        data, datatype = buf[0], buf[-1]
+        try:
+            dt = dtlib.to_numpy_dtype(datatype)
+        except (ValueError, TypeError) as exc:
+            raise TypeError(f"{name}: MPI datatype has no NumPy equivalent: {exc}") from None
+        raw = _bytes_of(data, name)
+        if raw.nbytes % dt.itemsize:
+            raise ValueError(f"{name}: {raw.nbytes} bytes is not a whole number of {dt} items")
+        arr = raw.view(dt)
+        if len(buf) == 3:
+            count = buf[1]
+            if not isinstance(count, (int, np.integer)) or count < 0:
+                raise TypeError(f"{name}: count in a buffer spec must be an int >= 0, got {count!r}")
+            if count > arr.size:
+                raise ValueError(f"{name}: count {count} exceeds the buffer's {arr.size} items")
+            arr = arr[:count]
+        return arr
+    try:
+        memoryview(buf)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a NumPy array, a buffer object or an mpi4py buffer spec, "
+            f"got {type(buf).__name__}"
+        ) from None
+    return np.asarray(buf)
+
+
+def _bytes_of(data: Any, name: str) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise ValueError(f"{name}: a buffer spec needs a contiguous array")
+        return data.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(data, np.uint8)
+    except TypeError:
+        raise TypeError(f"{name}: {type(data).__name__} does not expose a buffer") from None
+
+
+def _run(
+    send: np.ndarray | None,
+    recv: np.ndarray,
+    count: int,
+    red: Reduction,
+    comm: MPI.Intracomm,
+    algorithm: str,
+    validate: bool | None,
+) -> None:
+    ctx = context(comm)
+    algo = algorithms.choose(algorithm, count * recv.itemsize, ctx)
+    if validate is None:
+        validate = os.environ.get("RINGMPI_VALIDATE", "") not in ("", "0")
+    if validate:
+        _validate(ctx, count, red, algo.name)
+
+    # The work array: recvbuf itself when its first `count` elements are contiguous,
+    # otherwise a contiguous copy written back at the end (C order, as MPI reads it).
+    direct = recv.flags.c_contiguous
+    work = recv.reshape(-1)[:count] if direct else np.empty(count, recv.dtype)
+    if send is not None:
+        np.copyto(work.reshape(send.shape), send)
+    elif not direct:
+        work[...] = recv.reshape(-1)[:count]  # reshape copies a non-contiguous array: C order
+
+    _trace.record_call()
+    algo.run(work, red, ctx)
+    if not direct:
+        if count == recv.size:
+            recv[...] = work.reshape(recv.shape)
+        else:
+            recv.flat[:count] = work
+
+
+def _validate(ctx: Context, count: int, red: Reduction, algorithm: str) -> None:
+    """Every rank raises the same RingMPIError if the ranks disagree on the call."""
+    mine = (count, red.dtype.name, red.name, algorithm)
+    everyone = ctx.comm.allgather(mine)
+    for field, i in (("count", 0), ("dtype", 1), ("op", 2), ("algorithm", 3)):
+        values = [v[i] for v in everyone]
+        if len(set(values)) > 1:
+            groups: dict[Any, list[int]] = {}
+            for rank, v in enumerate(values):
+                groups.setdefault(v, []).append(rank)
+            said = "; ".join(f"{_ranks(r)} {v!r}" for v, r in groups.items())
+            raise RingMPIError(f"ranks disagree on {field}: {said}")
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 6:
+        return "ranks " + ",".join(map(str, ranks[:4])) + f",... ({len(ranks)} ranks)"
+    return "ranks " + ",".join(map(str, ranks))
+

@@ -1,0 +1,75 @@
+"""ringmpi's private state for each user communicator, cached on the communicator itself.
+
+Every call runs on a duplicate of the user's communicator, so ringmpi's messages
+live in their own context and can never match a receive the user posted (not
+even one with ANY_SOURCE and ANY_TAG). The duplicate is made by the first call
+on a communicator, stored as an MPI attribute of it, and freed by MPI's attribute
+delete callback when the user frees the communicator (or MPI finalizes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .schedule import Step, ring_steps
+
+__all__ = ["Context", "check_comm", "context"]
+
+
+class Context:
+    """What ringmpi keeps per communicator: the duplicate, the neighbours, reusable buffers."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        # Dup returns the caller's class; ringmpi.Comm overrides Allreduce, so keep a
+        # plain Intracomm handle to the duplicate for the MPI baseline to call.
+        self.comm = MPI.Intracomm(comm.Dup())
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.right = (self.rank + 1) % self.size
+        self.left = (self.rank - 1) % self.size
+        self.ring_plan: list[Step] = list(ring_steps(self.size, self.rank))
+        self.status = MPI.Status()
+        self._scratch = np.empty(0, np.uint8)
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """A receive buffer of ``nbytes`` bytes, grown only when a call needs more."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
+
+    def free(self) -> None:
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        self._scratch = np.empty(0, np.uint8)
+
+
+def _delete(comm: MPI.Comm, keyval: int, ctx: Context) -> None:
+    ctx.free()
+
+
+_keyval: int | None = None
+
+
+def check_comm(comm: object) -> MPI.Intracomm:
+    """The communicator to use; TypeError unless it is a valid intracommunicator."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm):
+        kind = type(comm).__name__
+        raise TypeError(f"comm must be an mpi4py intracommunicator, got {kind}")
+    if comm == MPI.COMM_NULL:
+        raise TypeError("comm is MPI.COMM_NULL")
+    return comm
+
+
+def context(comm: MPI.Intracomm) -> Context:
+    """The cached :class:`Context` of ``comm`` (collective on first use: it duplicates comm)."""
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
+    ctx = comm.Get_attr(_keyval)
+    if ctx is None:
+        ctx = Context(comm)
+        comm.Set_attr(_keyval, ctx)
+    return ctx

@@ -1,0 +1,206 @@
+"""The ring all-reduce schedule as pure data, and a simulator that counts its cost.
+
+Vocabulary (the rest of the package follows it):
+
+* **buffer** -- the ``count`` elements every rank contributes.
+* **chunk** -- one of the ``N`` pieces the buffer is cut into, one per rank.
+  The first ``count % N`` chunks are one element longer; when ``count < N``
+  the last chunks are empty.
+* **step** -- one exchange: every rank sends one chunk to its right neighbour
+  (``rank + 1``) and receives one chunk from its left neighbour (``rank - 1``).
+
+The ring runs two phases of ``N - 1`` steps each::
+
+    reduce-scatter, step s:  rank r sends chunk (r - s) and receives chunk (r - s - 1),
+                             which it reduces into its own copy of that chunk.
+    all-gather,     step s:  rank r sends chunk (r - s + 1) and receives chunk (r - s),
+                             which it stores.
+
+After reduce-scatter, rank ``r`` holds the finished chunk ``r + 1`` (all
+indices modulo ``N``); all-gather passes the finished chunks once around.
+
+Run ``python -m ringmpi.schedule N`` to print the step table and the cost
+table, both counted by simulating every rank with this module's schedule.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "ALL_GATHER",
+    "REDUCE_SCATTER",
+    "Cost",
+    "Step",
+    "chunk_bounds",
+    "main",
+    "ring_steps",
+    "simulate_naive",
+    "simulate_ring",
+]
+
+REDUCE_SCATTER = "reduce-scatter"
+ALL_GATHER = "all-gather"
+
+
+def chunk_bounds(count: int, nchunks: int) -> list[int]:
+    """Offsets of the ``nchunks`` chunks of a buffer of ``count`` elements.
+
+    Chunk ``c`` is ``[bounds[c], bounds[c + 1])``; the first ``count % nchunks``
+    chunks are one element longer than the rest.
+    """
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    if nchunks < 1:
+        raise ValueError(f"nchunks must be >= 1, got {nchunks}")
+    base, extra = divmod(count, nchunks)
+    bounds = [0]
+    for c in range(nchunks):
+        bounds.append(bounds[-1] + base + (1 if c < extra else 0))
+    assert bounds[-1] == count
+    return bounds
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the ring, seen from one rank."""
+
+    phase: str  # REDUCE_SCATTER (receive and reduce) or ALL_GATHER (receive and store)
+    step: int  # 0 .. N-2 within the phase
+    send_chunk: int  # sent to the right neighbour
+    recv_chunk: int  # received from the left neighbour
+    last: bool  # the last reduce-scatter step: the received chunk becomes final here
+
+
+def ring_steps(nranks: int, rank: int) -> Iterator[Step]:
+    """The 2(N-1) steps rank ``rank`` takes in a ring of ``nranks``."""
+    if not 0 <= rank < nranks:
+        raise ValueError(f"rank {rank} is not in a ring of {nranks}")
+    n = nranks
+    for s in range(n - 1):
+        yield Step(REDUCE_SCATTER, s, (rank - s) % n, (rank - s - 1) % n, s == n - 2)
+    for s in range(n - 1):
+        yield Step(ALL_GATHER, s, (rank - s + 1) % n, (rank - s) % n, False)
+
+
+@dataclass
+class Cost:
+    """Traffic counted by a simulation, per rank and in total."""
+
+    nranks: int
+    count: int  # elements in the buffer
+    itemsize: int
+    bytes_sent: list[int]  # per rank
+    steps: list[int]  # serial steps per rank
+    messages: int  # chunk sends over all ranks
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self.count * self.itemsize
+
+    @property
+    def max_bytes_ratio(self) -> float:
+        """Most bytes any rank sent, as a multiple of the buffer."""
+        return max(self.bytes_sent) / self.buffer_bytes if self.buffer_bytes else 0.0
+
+
+def simulate_ring(nranks: int, count: int, itemsize: int = 1) -> tuple[Cost, list[list[set]]]:
+    """Run the ring schedule on simulated ranks, tracking contributions, not values.
+
+    Returns the counted cost and, for every rank and chunk, the set of ranks
+    whose contribution that rank's copy of the chunk holds at the end.
+    Raises AssertionError if the schedule ever reduces a chunk into the wrong
+    place, counts a contribution twice, or leaves a rank without the full sum.
+    """
+    bounds = chunk_bounds(count, nranks)
+    held = [[{r} for _ in range(nranks)] for r in range(nranks)]
+    bytes_sent = [0] * nranks
+    steps = [0] * nranks
+    messages = 0
+    plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
+    for k in range(2 * (nranks - 1)):
+        # Everyone sends before anyone receives: a step is simultaneous.
+        in_flight = []
+        for r in range(nranks):
+            st = plans[r][k]
+            right = (r + 1) % nranks
+            nbytes = (bounds[st.send_chunk + 1] - bounds[st.send_chunk]) * itemsize
+            in_flight.append((right, st.send_chunk, frozenset(held[r][st.send_chunk])))
+            bytes_sent[r] += nbytes
+            steps[r] += 1
+            messages += 1
+        for right, chunk, contrib in in_flight:
+            st = plans[right][k]
+            assert st.recv_chunk == chunk, (right, k, st, chunk)
+            if st.phase == REDUCE_SCATTER:
+                assert not (held[right][chunk] & contrib), "a contribution counted twice"
+                held[right][chunk] = held[right][chunk] | contrib
+            else:
+                held[right][chunk] = set(contrib)
+    cost = Cost(nranks, count, itemsize, bytes_sent, steps, messages)
+    return cost, held
+
+
+def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
+    """Count the naive all-reduce: every rank sends its whole buffer to every other."""
+    bytes_sent = [0] * nranks
+    messages = 0
+    for r in range(nranks):
+        for peer in range(nranks):
+            if peer != r:
+                bytes_sent[r] += count * itemsize
+                messages += 1
+    return Cost(nranks, count, itemsize, bytes_sent, [nranks - 1] * nranks, messages)
+
+
+def _step_table(nranks: int) -> str:
+    plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
+    head = "phase           step " + " ".join(f"{'rank ' + str(r):>9}" for r in range(nranks))
+    lines = [head, "-" * len(head)]
+    for k in range(2 * (nranks - 1)):
+        st0 = plans[0][k]
+        cells = " ".join(f"{p[k].send_chunk:>3}->{p[k].recv_chunk:<5}" for p in plans)
+        lines.append(f"{st0.phase:<15} {st0.step:>4} {cells}")
+    lines.append("cell: chunk sent right -> chunk received from the left")
+    return "\n".join(lines)
+
+
+def _cost_table(nranks: int, count: int) -> str:
+    ring, _ = simulate_ring(nranks, count)
+    naive = simulate_naive(nranks, count)
+    rows = [
+        ("ring bytes per rank / buffer", f"{ring.max_bytes_ratio:.2f}", "2(N-1)/N"),
+        ("naive bytes per rank / buffer", f"{naive.max_bytes_ratio:.2f}", "N-1"),
+        ("serial steps", f"{max(ring.steps)}", "2(N-1)"),
+        ("chunk sends, all ranks", f"{ring.messages}", "N*2(N-1)"),
+    ]
+    lines = [f"cost for N={nranks}, buffer of {count} elements (counted by simulation)"]
+    lines += [f"  {name:<32}{value:>10}   closed form {form}" for name, value, form in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ringmpi.schedule",
+        description="Print the ring all-reduce step table and its counted cost for N ranks.",
+    )
+    parser.add_argument("nranks", type=int, help="ring size N")
+    parser.add_argument(
+        "--count", type=int, default=None, help="buffer elements to simulate (default 1024*N)"
+    )
+    parser.add_argument("--no-steps", action="store_true", help="print only the cost table")
+    args = parser.parse_args(argv)
+    if args.nranks < 1:
+        parser.error("N must be at least 1")
+    count = args.count if args.count is not None else 1024 * args.nranks
+    if not args.no_steps:
+        print(_step_table(args.nranks))
+        print()
+    print(_cost_table(args.nranks, count))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""Counted traffic: what this rank really sent, recorded where the sends happen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = ["Event", "Trace", "trace"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One send this rank made."""
+
+    call: int  # which call inside the trace block, from 0
+    algorithm: str
+    phase: str
+    step: int
+    peer: int  # the destination rank in the communicator the call was given
+    nbytes: int
+
+
+@dataclass
+class Trace:
+    """The sends of every ringmpi call made inside a :func:`trace` block, on this rank."""
+
+    events: list[Event] = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        return sum(e.nbytes for e in self.events)
+
+    @property
+    def messages(self) -> int:
+        return len(self.events)
+
+    @property
+    def steps(self) -> int:
+        """Serial steps: the distinct (call, phase, step) in which this rank sent."""
+        return len({(e.call, e.phase, e.step) for e in self.events})
+
+
+# The traces open on this rank; the executors append to each. Empty almost always,
+# so the hot path pays one truth test per step.
+_active: list[Trace] = []
+
+
+def record(algorithm: str, phase: str, step: int, peer: int, nbytes: int) -> None:
+    """Record one send and the step it belongs to (called by the algorithms)."""
+    for t in _active:
+        t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes))
+
+
+def record_call() -> None:
+    """Mark the start of a call (the API does this once per collective)."""
+    for t in _active:
+        t.calls += 1
+
+
+@contextmanager
+def trace() -> Iterator[Trace]:
+    """Count the messages, bytes and steps of the ringmpi calls made inside the block.
+
+    >>> with ringmpi.trace() as t:
+    ...     ringmpi.Allreduce(MPI.IN_PLACE, x)
+    >>> t.bytes_sent, t.messages, t.steps
+    """
+    t = Trace()
+    _active.append(t)
+    try:
+        yield t
+    finally:
+        _active.remove(t)

@@ -17,9 +17,8 @@ import types
 
 from ._api import Allreduce, Comm, allreduce
 from ._errors import RingMPIError
-from .algorithms import names as algorithms
 from .kernels import AVG
-from .trace import Trace, trace
+from ._trace import Trace, trace
 
 __all__ = [
     "AVG",
@@ -27,7 +26,6 @@ __all__ = [
     "Comm",
     "RingMPIError",
     "Trace",
-    "algorithms",
     "allreduce",
     "trace",
 ]

@@ -10,7 +10,7 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import algorithms
-from . import trace as _trace
+from . import _trace
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
 from .kernels import Reduction, reduction

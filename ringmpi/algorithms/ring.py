@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .. import trace as _trace
+from .. import _trace
 from .._comm import Context
 from .._errors import RingMPIError
 from ..kernels import Reduction, describe_tag

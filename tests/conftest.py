@@ -31,4 +31,6 @@ def agree(comm, problems: list[str]) -> None:
     """Fail on every rank if any rank found a problem, listing them all by rank."""
     everyone = comm.allgather(problems)
     found = [f"rank {r}: {p}" for r, ps in enumerate(everyone) for p in ps]
-    assert not found, "\n".join(found[:20]) + (f"\n... {len(found)} in all" if len(found) > 20 else "")
+    assert not found, "\n".join(found[:20]) + (
+        f"\n... {len(found)} in all" if len(found) > 20 else ""
+    )

@@ -1,0 +1,137 @@
+"""``python -m ringmpi.allreduce`` run for real under mpirun (this file itself runs without MPI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ringmpi.schedule import chunk_bounds
+
+PY = sys.executable
+
+
+def _mpirun() -> list[str]:
+    here = Path(PY).parent / "mpirun"
+    exe = str(here) if here.exists() else shutil.which("mpirun")
+    if exe is None:
+        pytest.skip("no mpirun")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        return [exe, "--allow-run-as-root", "--oversubscribe"]
+    return [exe]
+
+
+def run(nranks: int, *args: str, env: dict | None = None, timeout: float = 240):
+    cmd = [*_mpirun(), "-n", str(nranks), PY, "-m", "ringmpi.allreduce", *args]
+    full_env = {**os.environ, "NUMBA_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def ring_bytes_ratio(nranks: int, count: int) -> float:
+    """Closed form: the most any rank sends, as a multiple of the buffer."""
+    if nranks == 1:
+        return 0.0
+    b = chunk_bounds(count, nranks)
+    size = [b[c + 1] - b[c] for c in range(nranks)]
+    most = max(2 * count - size[(r + 1) % nranks] - size[(r + 2) % nranks] for r in range(nranks))
+    return most / count
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+def test_sweep_verifies_and_counts(tmp_path, nranks):
+    out = tmp_path / "r.json"
+    p = run(nranks, "-b", "8", "-e", "1M", "-f", "32", "-n", "3", "-w", "1", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert f"# ranks {nranks}, nodes 1" in p.stdout
+    assert "# MPI: " in p.stdout and "numba" in p.stdout
+    assert "first-call compile (or cache load) of the sum on float32 kernel" in p.stdout
+    assert "# wrong elements in total: 0" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["header"]["ranks"] == nranks
+    rows = data["rows"]
+    assert [(r["size"], r["algorithm"]) for r in rows] == [
+        (s, a) for s in (8, 256, 8192, 262144) for a in ("ring", "mpi")
+    ]
+    for r in rows:
+        assert r["wrong"] == 0 and r["count"] == r["size"] // 4 and r["time_us"] > 0
+        if r["algorithm"] == "ring":
+            assert r["steps"] == 2 * (nranks - 1)
+            assert r["bytes_per_rank"] == pytest.approx(ring_bytes_ratio(nranks, r["count"]))
+        else:  # the MPI baseline's traffic is not ringmpi's to count
+            assert r["bytes_per_rank"] is None and r["steps"] is None
+        factor = 2 * (nranks - 1) / nranks
+        assert r["busbw_GBs"] == pytest.approx(r["algbw_GBs"] * factor)
+
+
+def test_auto_other_types_and_ops(tmp_path):
+    out = tmp_path / "r.json"
+    p = run(3, "-d", "float64", "-o", "max", "-a", "auto,ring,mpi", "-b", "24", "-e", "24K",
+            "-f", "1024", "-n", "2", "-w", "0", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == ["auto(ring)", "ring", "mpi"] * 2
+    assert all(r["wrong"] == 0 and r["type"] == "float64" and r["redop"] == "max" for r in rows)
+    # 24 B is 3 float64: one per rank; 24 KiB is 3072: even chunks, 2(N-1)/N exactly.
+    assert rows[0]["bytes_per_rank"] == pytest.approx(4 / 3)
+    assert rows[3]["bytes_per_rank"] == pytest.approx(4 / 3)
+
+
+def test_unchecked_run_reports_no_wrong_count():
+    p = run(2, "-c", "0", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0")
+    assert p.returncode == 0, p.stderr
+    assert " N/A " in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-o", "max", "-d", "complex64"], "MPI.MAX is not defined for dtype complex64"),
+        (["-a", "ring,bogus"], "unknown name 'bogus'"),
+        (["-o", "mean"], "unknown name 'mean'"),
+        (["-e", "lots"], "not a size"),
+    ],
+)
+def test_bad_arguments_end_the_job(args, message):
+    t0 = time.monotonic()
+    p = run(2, *args, timeout=120)
+    assert p.returncode != 0
+    assert message in p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_an_exception_on_one_rank_aborts_the_whole_job():
+    # MPMD: rank 0 gets a bad RINGMPI_ALGORITHM and raises inside the sweep, while
+    # rank 1 is already waiting in the collective; the job must end, not hang.
+    cmd = [*_mpirun(), "-n", "1", "env", "RINGMPI_ALGORITHM=bogus", PY, "-m", "ringmpi.allreduce",
+           "-a", "auto", ":", "-n", "1", PY, "-m", "ringmpi.allreduce", "-a", "auto"]  # fmt: skip
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "rank 0 failed, aborting the job" in p.stderr
+    assert "unknown name 'bogus'" in p.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
+    # One process (N = 1, no mpirun): make the reference disagree with the result by
+    # one in the last element, and the CLI must count it and fail.
+    import ringmpi._cli as cli
+
+    real = cli.verify_expected
+
+    def off_by_one(*args):
+        expected = real(*args).copy()
+        expected[-1] += 1
+        return expected
+
+    monkeypatch.setattr(cli, "verify_expected", off_by_one)
+    assert cli.main(["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-a", "ring"]) == 1
+    out = capsys.readouterr().out
+    assert "# wrong elements in total: 1" in out

@@ -1,0 +1,159 @@
+"""The reduce kernels against NumPy, for every (op, dtype) MPI allows (no mpirun needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from ringmpi import AVG
+from ringmpi.kernels import (
+    _OPS,
+    DTYPES,
+    PERIOD,
+    describe_tag,
+    op_from_name,
+    reduction,
+    verify_expected,
+    verify_inputs,
+)
+
+PAIRS = [(spec, dt) for spec in _OPS for dt in spec.dtypes]
+IDS = [f"{spec.name}-{dt.name}" for spec, dt in PAIRS]
+
+
+def _random(dt: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
+    if dt.kind == "b":
+        return rng.integers(0, 2, n).astype(dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, n, dtype=dt, endpoint=True)
+    x = (rng.standard_normal(n) * 100).astype(dt)
+    if dt.kind == "c":
+        x = x + 1j * (rng.standard_normal(n) * 100).astype(dt)
+    # IEEE's corner cases: NaN, both infinities and both zeros.
+    x[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0]
+    return x
+
+
+def _reference(spec, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if spec.name in ("land", "lor", "lxor"):
+        return spec.ref(a != 0, b != 0).astype(a.dtype)
+    with np.errstate(all="ignore"):
+        return spec.ref(a, b).astype(a.dtype)
+
+
+@pytest.mark.parametrize(("spec", "dt"), PAIRS, ids=IDS)
+def test_kernel_matches_numpy(spec, dt):
+    rng = np.random.default_rng(7)
+    n = 1037  # not a multiple of any vector width
+    a, b = _random(dt, n, rng), _random(dt, n, rng)
+    b[6:12] = a[6:12][::-1]  # equal and reordered elements too
+    expected = _reference(spec, a, b)
+    acc = a.copy()
+    with np.errstate(all="ignore"):
+        reduction(spec.op, dt).combine(acc, b)
+    assert acc.dtype == dt
+    if spec.name == "prod" and dt.kind == "c":
+        # Complex products may round differently by an ulp (NumPy's loop and Numba's
+        # differ in contraction); MPI fixes no rounding for them either.
+        finite = np.isfinite(expected)
+        assert np.array_equal(np.isfinite(acc), finite)
+        assert np.allclose(acc[finite], expected[finite], rtol=4 * np.finfo(dt).eps, atol=0)
+        return
+    assert np.array_equal(acc, expected, equal_nan=dt.kind in "fc")
+    if spec.name in ("sum", "prod", "avg") and dt.kind == "f":
+        assert np.array_equal(np.signbit(acc), np.signbit(expected))  # -0.0 is kept
+    if spec.name in ("land", "lor", "lxor"):
+        assert set(np.unique(acc).tolist()) <= {0, 1}
+
+
+@pytest.mark.parametrize("dt", ["float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 7])
+def test_avg_divides_once_in_the_last_step(dt, nranks):
+    rng = np.random.default_rng(3)
+    dt = np.dtype(dt)
+    a, b = _random(dt, 257, rng), _random(dt, 257, rng)
+    red = reduction(AVG, dt)
+    acc = a.copy()
+    with np.errstate(all="ignore"):
+        red.combine_last(acc, b, nranks)
+        total = a + b
+    real_n = total.real.dtype.type(nranks)
+    # One correctly rounded division of each real component.
+    expected = np.empty_like(total)
+    expected.real = total.real / real_n
+    if dt.kind == "c":
+        expected.imag = total.imag / real_n
+    assert np.array_equal(acc, expected, equal_nan=True)
+    finished = total.copy()
+    red.finish(finished, nranks)
+    assert np.array_equal(finished, acc, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [(MPI.MAX, "complex64"), (MPI.MIN, "complex128"), (MPI.BAND, "float32"),
+     (MPI.BXOR, "bool"), (MPI.LAND, "float64"), (MPI.SUM, "bool"), (AVG, "int32")],
+)  # fmt: skip
+def test_combinations_mpi_forbids_name_both(op, dtype):
+    with pytest.raises(TypeError) as info:
+        reduction(op, dtype)
+    name = "ringmpi.AVG" if op is AVG else f"MPI.{op_name(op).upper()}"
+    assert name in str(info.value) and dtype in str(info.value)
+
+
+def op_name(op):
+    return next(spec.name for spec in _OPS if spec.op == op)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "object", "U3", ">f4", "datetime64[s]"])
+def test_unsupported_dtypes(dtype):
+    with pytest.raises(TypeError, match="not supported"):
+        reduction(MPI.SUM, dtype)
+
+
+@pytest.mark.parametrize("op", [MPI.MAXLOC, MPI.REPLACE, "sum", 3, None])
+def test_unknown_ops(op):
+    with pytest.raises(ValueError, match="op: unknown"):
+        reduction(op, "float32")
+
+
+def test_op_names():
+    assert op_from_name("sum") is MPI.SUM or op_from_name("sum") == MPI.SUM
+    assert op_from_name("AVG") is AVG
+    with pytest.raises(ValueError, match="known: sum, prod"):
+        op_from_name("mean")
+
+
+def test_tags_are_distinct_and_name_the_pair():
+    tags = {reduction(spec.op, dt).tag: (spec, dt) for spec, dt in PAIRS}
+    assert len(tags) == len(PAIRS) == 99
+    assert max(tags) < 32767  # the smallest MPI_TAG_UB the standard allows
+    assert describe_tag(reduction(MPI.MAX, "int16").tag) == "MPI.MAX on int16"
+    assert describe_tag(reduction(AVG, "float64").tag) == "ringmpi.AVG on float64"
+
+
+@pytest.mark.parametrize(("spec", "dt"), PAIRS, ids=IDS)
+@pytest.mark.parametrize("nranks", [1, 2, 3, 5, 9, 64])
+def test_verification_data_is_exact(spec, dt, nranks):
+    # The closed-form expected result equals a brute-force reduction over every rank.
+    count = 3 * PERIOD + 5
+    stack = np.stack([verify_inputs(spec.op, dt, r, count) for r in range(nranks)])
+    if spec.name in ("land", "lor", "lxor"):
+        brute = spec.ref.reduce(stack != 0, axis=0).astype(dt)
+    else:
+        brute = spec.ref.reduce(stack, axis=0, dtype=dt)
+    if spec.op is AVG and nranks > 1:
+        n = brute.real.dtype.type(nranks)
+        brute = brute.real / n if dt.kind == "f" else brute.real / n + 1j * (brute.imag / n)
+    assert np.array_equal(verify_expected(spec.op, dt, nranks, count), brute.astype(dt))
+    if dt.kind in "fc" and spec.name in ("sum", "avg", "max", "min"):
+        assert np.array_equal(stack, np.round(stack))  # small integers: exact in any order
+
+
+def test_dtype_table():
+    assert [d.name for d in DTYPES] == [
+        "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float32", "float64", "complex64", "complex128", "bool",
+    ]  # fmt: skip

@@ -1,0 +1,115 @@
+"""The ring schedule, checked on simulated ranks for every N from 1 to 64 (no MPI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringmpi.schedule import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    chunk_bounds,
+    main,
+    ring_steps,
+    simulate_naive,
+    simulate_ring,
+)
+
+RING_SIZES = range(1, 65)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5, 7, 8, 64])
+@pytest.mark.parametrize("count", [0, 1, 2, 3, 7, 8, 63, 64, 65, 1009])
+def test_chunk_bounds_are_uneven_only_at_the_front(nranks, count):
+    b = chunk_bounds(count, nranks)
+    sizes = [b[c + 1] - b[c] for c in range(nranks)]
+    assert b[0] == 0 and b[-1] == count
+    base, extra = divmod(count, nranks)
+    assert sizes == [base + 1] * extra + [base] * (nranks - extra)
+
+
+def test_chunk_bounds_reject_nonsense():
+    with pytest.raises(ValueError, match="count"):
+        chunk_bounds(-1, 4)
+    with pytest.raises(ValueError, match="nchunks"):
+        chunk_bounds(4, 0)
+
+
+@pytest.mark.parametrize("nranks", RING_SIZES)
+def test_step_rule(nranks):
+    for r in range(nranks):
+        steps = list(ring_steps(nranks, r))
+        assert len(steps) == 2 * (nranks - 1)
+        rs = [s for s in steps if s.phase == REDUCE_SCATTER]
+        ag = [s for s in steps if s.phase == ALL_GATHER]
+        assert [s.step for s in rs] == list(range(nranks - 1))
+        assert [s.step for s in ag] == list(range(nranks - 1))
+        for s in rs:
+            assert (s.send_chunk, s.recv_chunk) == (
+                (r - s.step) % nranks,
+                (r - s.step - 1) % nranks,
+            )
+            assert s.last == (s.step == nranks - 2)
+        for s in ag:
+            assert (s.send_chunk, s.recv_chunk) == (
+                (r - s.step + 1) % nranks,
+                (r - s.step) % nranks,
+            )
+
+
+@pytest.mark.parametrize("nranks", RING_SIZES)
+def test_what_arrives_is_what_the_receiver_accumulates(nranks):
+    # At every step, the chunk rank r sends is the chunk rank r+1 expects to receive.
+    plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
+    for k in range(2 * (nranks - 1)):
+        for r in range(nranks):
+            assert plans[r][k].send_chunk == plans[(r + 1) % nranks][k].recv_chunk
+
+
+@pytest.mark.parametrize("nranks", RING_SIZES)
+def test_reduce_scatter_completes_each_chunk_on_exactly_one_rank(nranks):
+    _, after_rs, final = simulate_ring(nranks, count=3 * nranks + 1)
+    everyone = set(range(nranks))
+    for c in range(nranks):
+        owners = [r for r in range(nranks) if after_rs[r][c] == everyone]
+        assert owners == [(c - 1) % nranks]  # rank r finishes chunk r + 1
+    # ... and after all-gather every rank holds every chunk, complete.
+    assert all(chunk == everyone for chunks in final for chunk in chunks)
+
+
+@pytest.mark.parametrize("nranks", RING_SIZES)
+def test_counted_cost_equals_the_closed_form(nranks):
+    count, itemsize = 1000 * nranks, 4  # divisible: the closed form is exact
+    ring, _, _ = simulate_ring(nranks, count, itemsize)
+    buffer = count * itemsize
+    assert ring.bytes_sent == [2 * (nranks - 1) * buffer // nranks] * nranks
+    assert ring.steps == [2 * (nranks - 1)] * nranks
+    assert ring.messages == nranks * 2 * (nranks - 1)
+    naive = simulate_naive(nranks, count, itemsize)
+    assert naive.bytes_sent == [(nranks - 1) * buffer] * nranks
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 5, 7])
+@pytest.mark.parametrize("count", [1, 2, 10, 1009])
+def test_counted_bytes_with_uneven_chunks(nranks, count):
+    # Rank r sends every chunk but r+1 in reduce-scatter and every chunk but r+2 in all-gather.
+    b = chunk_bounds(count, nranks)
+    size = [b[c + 1] - b[c] for c in range(nranks)]
+    ring, _, _ = simulate_ring(nranks, count)
+    expected = [2 * count - size[(r + 1) % nranks] - size[(r + 2) % nranks] for r in range(nranks)]
+    assert ring.bytes_sent == expected
+
+
+def test_cli_prints_the_tables(capsys):
+    assert main(["4"]) == 0
+    out = capsys.readouterr().out
+    assert "reduce-scatter     0      0->3      1->0      2->1      3->2" in out
+    assert "all-gather         2      3->2      0->3      1->0      2->1" in out
+    assert "ring bytes per rank / buffer          1.50" in out
+    assert "serial steps                             6" in out
+    assert "chunk sends, all ranks                  24" in out
+    assert main(["64", "--no-steps"]) == 0
+    out = capsys.readouterr().out
+    assert "ring bytes per rank / buffer          1.97" in out
+    assert "naive bytes per rank / buffer        63.00" in out
+    assert "serial steps                           126" in out
+    assert "chunk sends, all ranks                8064" in out

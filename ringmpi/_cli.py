@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import numba
@@ -25,7 +26,7 @@ from mpi4py import MPI
 import ringmpi
 
 from . import _trace, algorithms
-from ._comm import context
+from ._comm import context, sleepy_barrier
 from .kernels import OPS, op_from_name, reduction, verify_expected, verify_inputs
 
 __all__ = ["main"]
@@ -50,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
     p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per size (10)")
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (2)")
+    p.add_argument(
+        "--budget", type=float, default=0.5,
+        help="seconds per size and algorithm: fewer calls when one is slow; 0: always -n (0.5)",
+    )  # fmt: skip
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 or 0 (1)")
     p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name (float32)")
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
@@ -79,12 +84,15 @@ def _warm(comm: MPI.Intracomm, red: Any) -> float:
 
     Returns the slowest node leader's first-call time (compile, or cache load).
     """
+    # Sleepy barriers: ranks that spin would take the CPU from ranks still starting.
+    sleepy_barrier(comm)  # every rank has started
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     first = node.Get_rank() == 0
     took = red.warm() if first else 0.0
-    node.Barrier()
+    sleepy_barrier(node)
     if not first:
         red.warm()
+    sleepy_barrier(node)
     node.Free()
     return comm.allreduce(took, op=MPI.MAX)
 
@@ -121,29 +129,54 @@ def _sizes(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def _row(
-    comm: MPI.Intracomm, label: str, nbytes: int, count: int, times: list[float],
-    wrong: int, traced: _trace.Trace | None, args: argparse.Namespace,
-) -> dict:  # fmt: skip
+@dataclass
+class _Run:
+    """One algorithm at one size: its label, check, trace and timed calls."""
+
+    label: str
+    wrong: int  # -1 when not checked
+    traced: _trace.Trace | None  # None for the MPI baseline, whose traffic ringmpi cannot see
+    iters: int
+    times: list[float] = field(default_factory=list)
+
+
+def _calls(first: float, args: argparse.Namespace) -> tuple[int, int]:
+    """(warm-up, timed) calls: -w and -n, fewer when one call takes long against --budget."""
+    if args.budget <= 0 or first <= 0:
+        return args.warmup, args.iters
+    fit = int(args.budget / first)
+    if fit < 2:
+        return 0, 0  # time the checked call itself
+    iters = min(args.iters, fit)
+    return min(args.warmup, fit - iters), iters
+
+
+def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse.Namespace) -> dict:
     n = comm.Get_size()
-    t = comm.allreduce(float(np.median(times)), op=MPI.MAX)
+    traced = run.traced
+    mine = [float(np.median(run.times)), 0.0, 0.0]
+    if traced is not None:
+        mine[1:] = [traced.bytes_sent, traced.steps]
+    # Two reductions per row: the slowest rank's time and the most traffic; wrong summed.
+    most = np.empty(3)
+    comm.Allreduce(np.array(mine), most, op=MPI.MAX)
+    t, bytes_sent, steps = most
+    wrong = comm.allreduce(run.wrong) if run.wrong >= 0 else -1
     algbw = nbytes / t / 1e9 if t > 0 else 0.0
-    row = {
+    return {
         "size": nbytes, "count": count, "type": args.datatype, "redop": args.op,
-        "algorithm": label, "time_us": t * 1e6, "algbw_GBs": algbw,
-        "busbw_GBs": algbw * 2 * (n - 1) / n,
-        "wrong": comm.allreduce(wrong) if wrong >= 0 else -1,
-        "bytes_per_rank": None, "steps": None,
+        "algorithm": run.label, "time_us": t * 1e6, "algbw_GBs": algbw,
+        "busbw_GBs": algbw * 2 * (n - 1) / n, "wrong": wrong,
+        "bytes_per_rank": None if traced is None else bytes_sent / nbytes,
+        "steps": None if traced is None else int(steps),
+        "iters": run.iters,
     }  # fmt: skip
-    if traced is not None:  # None for the MPI baseline, whose traffic ringmpi cannot see
-        row["bytes_per_rank"] = comm.allreduce(traced.bytes_sent, op=MPI.MAX) / nbytes
-        row["steps"] = comm.allreduce(traced.steps, op=MPI.MAX)
-    return row
 
 
 _COLUMNS = (
     f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>12} "
-    f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5}"
+    f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} "
+    f"{'iters':>5}"
 )
 
 
@@ -154,7 +187,7 @@ def _format(row: dict) -> str:
     return (
         f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
         f"{row['algorithm']:>12} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
-        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5}"
+        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5}"
     )
 
 
@@ -176,9 +209,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_usage(sys.stderr)
             sys.stderr.write(f"{parser.prog}: error: {exc}\n")
         return 2
-    ctx = context(comm)
-
     compile_s = _warm(comm, red)
+    ctx = context(comm)
     header = _header(comm, compile_s, args)
     if rank == 0:
         print(f"# ringmpi {header['ringmpi']}: all-reduce benchmark and verification")
@@ -187,9 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# mpi4py {header['mpi4py']}, numba {header['numba']}, numpy {header['numpy']}")
         print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
               f"{header['first_call_compile_ms']} ms")  # fmt: skip
-        print(f"# time: median of {args.iters} calls (after {args.warmup} warm-up), "
-              "slowest rank; busbw = algbw * 2(N-1)/N; bytes/D and steps: this rank's sends, "
-              "traced (max over ranks)")  # fmt: skip
+        print(
+            f"# time: median of -n {args.iters} calls after -w {args.warmup} warm-up "
+            f"(fewer where they would pass --budget {args.budget} s; see iters), slowest rank"
+        )
+        print("# busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
+              "max over ranks")  # fmt: skip
         print("#" + _COLUMNS[1:])
         print(f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>12} {'':>10} "
               f"{'(GB/s)':>7} {'(GB/s)':>7}")  # fmt: skip
@@ -202,26 +237,36 @@ def main(argv: list[str] | None = None) -> int:
         send = verify_inputs(op, red.dtype, rank, count)
         recv = np.empty_like(send)
         expected = verify_expected(op, red.dtype, nranks, count) if args.check else None
-        labels, wrong, traces = {}, {}, {}
+        runs = {}
         for name in names:
+            # The first call is checked and traced; its time sets how many calls fit the budget.
             chosen = algorithms.choose(name, nbytes, ctx).name
-            labels[name] = f"auto({chosen})" if name == "auto" else name
+            ctx.barrier()
+            t0 = time.perf_counter()
             with _trace.trace() as t:
                 ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
-            traces[name] = t if algorithms.get(chosen).own else None
-            wrong[name] = int(np.count_nonzero(recv != expected)) if args.check else -1
-            for _ in range(args.warmup):
+            took = time.perf_counter() - t0
+            first = comm.allreduce(took, op=MPI.MAX)
+            warmup, iters = _calls(first, args)
+            runs[name] = _Run(
+                label=f"auto({chosen})" if name == "auto" else name,
+                wrong=int(np.count_nonzero(recv != expected)) if args.check else -1,
+                traced=t if algorithms.get(chosen).own else None,
+                iters=max(iters, 1),
+                # A call too slow for two in the budget is timed once: this one.
+                times=[took] if iters == 0 else [],
+            )
+            for _ in range(warmup):
                 ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(args.iters):
-            for name in names:
-                comm.Barrier()
-                t0 = time.perf_counter()
-                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
-                times[name].append(time.perf_counter() - t0)
-        for name in names:
-            row = _row(comm, labels[name], nbytes, count, times[name] or [0.0], wrong[name],
-                       traces[name], args)  # fmt: skip
+        for _ in range(max(run.iters for run in runs.values())):
+            for name, run in runs.items():  # interleaved: each sees the same machine
+                if len(run.times) < run.iters:
+                    ctx.barrier()
+                    t0 = time.perf_counter()
+                    ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+                    run.times.append(time.perf_counter() - t0)
+        for run in runs.values():
+            row = _row(comm, run, nbytes, count, args)
             rows.append(row)
             total_wrong += max(row["wrong"], 0)
             if rank == 0:

@@ -48,7 +48,7 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
     # Chunk 0 is the longest; one scratch chunk receives every reduce-scatter step.
     scratch = ctx.scratch((bounds[1] - bounds[0]) * itemsize).view(work.dtype)
 
-    comm, status, tag = ctx.comm, ctx.status, red.tag
+    status, tag = ctx.status, red.tag
     right, left = ctx.right, ctx.left
     tracing = bool(_trace._active)
     for st in ctx.ring_plan:
@@ -57,10 +57,7 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
         reducing = st.phase == REDUCE_SCATTER
         incoming = scratch[: r1 - r0] if reducing else work[r0:r1]
         try:
-            comm.Sendrecv(
-                [work[s0:s1], MPI.BYTE], right, tag,
-                [incoming, MPI.BYTE], left, MPI.ANY_TAG, status,
-            )  # fmt: skip
+            ctx.exchange([work[s0:s1], MPI.BYTE], right, tag, [incoming, MPI.BYTE], left, status)
         except MPI.Exception as exc:
             if exc.Get_error_class() != MPI.ERR_TRUNCATE:
                 raise

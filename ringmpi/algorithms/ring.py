@@ -26,6 +26,8 @@ and no message is ever received into more memory than the chunk it belongs to.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from mpi4py import MPI
 
@@ -33,8 +35,11 @@ from .. import _trace
 from .._comm import Context
 from .._errors import RingMPIError
 from ..kernels import Reduction, describe_tag
-from ..schedule import REDUCE_SCATTER, chunk_bounds
+from ..schedule import REDUCE_SCATTER, Step, chunk_bounds
 from . import register
+
+# Reduce-scatter segment size in bytes (see docs/performance.md for the measurement).
+SEGMENT_BYTES = 1 << 20
 
 
 @register("ring")
@@ -45,50 +50,65 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
         return
     bounds = chunk_bounds(work.size, n)
     itemsize = work.itemsize
-    # Chunk 0 is the longest; one scratch chunk receives every reduce-scatter step.
-    scratch = ctx.scratch((bounds[1] - bounds[0]) * itemsize).view(work.dtype)
-
-    status, tag = ctx.status, red.tag
-    right, left = ctx.right, ctx.left
+    # A reduce-scatter step moves its chunk in `nseg` segments, each reduced right after
+    # it arrives, while it is still in cache; every rank derives the same nseg from the
+    # longest chunk (chunk 0), so sends and receives pair up. One scratch segment is
+    # reused by every step.
+    longest = bounds[1] - bounds[0]
+    nseg = max(1, -(-longest * itemsize // segment_bytes()))
+    scratch = ctx.scratch(-(-longest // nseg) * itemsize).view(work.dtype)
     tracing = bool(_trace._active)
     for st in ctx.ring_plan:
         s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
         r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
-        reducing = st.phase == REDUCE_SCATTER
-        incoming = scratch[: r1 - r0] if reducing else work[r0:r1]
-        try:
-            ctx.exchange([work[s0:s1], MPI.BYTE], right, tag, [incoming, MPI.BYTE], left, status)
-        except MPI.Exception as exc:
-            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-                raise
-            raise RingMPIError(
-                f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {left} sent more than "
-                f"the {(r1 - r0) * itemsize} bytes of chunk {st.recv_chunk}; "
-                "ranks disagree on count or dtype"
-            ) from None
-        if tracing:
-            _trace.record("ring", st.phase, st.step, right, (s1 - s0) * itemsize)
-        _check_arrival(status, tag, (r1 - r0) * itemsize, ctx, st.phase, st.step)
-        if reducing:
+        if st.phase != REDUCE_SCATTER:
+            _exchange(ctx, red, st, work[s0:s1], work[r0:r1], tracing)
+            continue
+        send_seg = chunk_bounds(s1 - s0, nseg)
+        recv_seg = chunk_bounds(r1 - r0, nseg)
+        for k in range(nseg):
+            mine = work[r0 + recv_seg[k] : r0 + recv_seg[k + 1]]
+            incoming = scratch[: mine.size]
+            _exchange(
+                ctx, red, st, work[s0 + send_seg[k] : s0 + send_seg[k + 1]], incoming, tracing
+            )
             if st.last:
-                red.combine_last(work[r0:r1], incoming, n)
+                red.combine_last(mine, incoming, n)
             else:
-                red.combine(work[r0:r1], incoming)
+                red.combine(mine, incoming)
 
 
-def _check_arrival(
-    status: MPI.Status, tag: int, nbytes: int, ctx: Context, phase: str, step: int
+def segment_bytes() -> int:
+    """The reduce-scatter segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
+    return int(os.environ.get("RINGMPI_SEGMENT_BYTES", SEGMENT_BYTES))
+
+
+def _exchange(
+    ctx: Context, red: Reduction, st: Step, send: np.ndarray, recv: np.ndarray, tracing: bool
 ) -> None:
-    got_tag = status.Get_tag()
-    if got_tag != tag:
+    """Send ``send`` right and receive ``recv`` from the left, checking what arrives."""
+    try:
+        ctx.exchange([send, MPI.BYTE], ctx.right, red.tag, [recv, MPI.BYTE], ctx.left, ctx.status)
+    except MPI.Exception as exc:
+        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+            raise
         raise RingMPIError(
-            f"rank {ctx.rank}: ring {phase} step {step}: rank {ctx.left} reduces "
-            f"{describe_tag(got_tag)} but this rank {describe_tag(tag)}; "
+            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} sent more than "
+            f"the {recv.nbytes} bytes expected of chunk {st.recv_chunk}; "
+            "ranks disagree on count or dtype"
+        ) from None
+    if tracing:
+        _trace.record("ring", st.phase, st.step, ctx.right, send.nbytes)
+    got_tag = ctx.status.Get_tag()
+    if got_tag != red.tag:
+        raise RingMPIError(
+            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} reduces "
+            f"{describe_tag(got_tag)} but this rank {describe_tag(red.tag)}; "
             "ranks disagree on op or dtype"
         )
-    got = status.Get_count(MPI.BYTE)
-    if got != nbytes:
+    got = ctx.status.Get_count(MPI.BYTE)
+    if got != recv.nbytes:
         raise RingMPIError(
-            f"rank {ctx.rank}: ring {phase} step {step}: rank {ctx.left} sent {got} bytes, "
-            f"expected {nbytes}; ranks disagree on count or dtype"
+            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} sent {got} bytes, "
+            f"expected {recv.nbytes}; ranks disagree on count or dtype"
         )

@@ -60,7 +60,8 @@ test-mpi: $(VENV)/.ok-test
 
 bench: $(VENV)/.ok-run
 	$(PY) -m ringmpi.kernels
-	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3
+	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3 --budget 0
+	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 8 -e 1M -f 4 -n 50 --budget 0
 
 lint: $(VENV)/.ok-test
 	$(VENV)/bin/ruff check .

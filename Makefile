@@ -55,7 +55,9 @@ test-mpi: $(VENV)/.ok-test
 	@for n in $(RANKS); do \
 	  echo "== MPI suite at $$n rank(s) =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m mpi tests || exit 1; \
+	    $(PY) -m pytest --with-mpi -m mpi tests \
+	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
+	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
 	done
 
 bench: $(VENV)/.ok-run

@@ -2,29 +2,44 @@
 
 Under ``mpirun ... pytest --with-mpi`` every rank runs the same tests. Rank 0
 reports to the terminal; the other ranks write their report to
-``tests/.logs/rank-R-of-N.log`` (printed by the Makefile target on failure), so
-the output reads as one run. Tests check their outcome collectively
-(:func:`agree`), so every rank passes or fails the same test and no rank runs
-ahead into the next collective.
+``tests/.logs/rank-R-of-N.log``, so the output reads as one run. Tests check
+their outcome collectively (:func:`agree`), so every rank passes or fails the
+same test and no rank runs ahead into the next collective.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
-if "--with-mpi" in sys.argv:
+import pytest
+
+LOGS = Path(__file__).parent / ".logs"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    if "--with-mpi" not in sys.argv:
+        return
     from mpi4py import MPI
 
-    _world = MPI.COMM_WORLD
-    if _world.Get_rank() > 0:
-        _logs = Path(__file__).parent / ".logs"
-        _logs.mkdir(exist_ok=True)
-        _log = _logs / f"rank-{_world.Get_rank()}-of-{_world.Get_size()}.log"
-        _fd = os.open(_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(_fd, 1)
-        os.close(_fd)
+    world = MPI.COMM_WORLD
+    if world.Get_rank() == 0:
+        return
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    if reporter is None:
+        return
+    LOGS.mkdir(exist_ok=True)
+    log = open(LOGS / f"rank-{world.Get_rank()}-of-{world.Get_size()}.log", "w")  # noqa: SIM115
+    config.add_cleanup(log.close)
+    # The reporter's writer is private API, stable across pytest releases: swap its file.
+    reporter._tw = _writer(config, log)
+
+
+def _writer(config: pytest.Config, file):
+    from _pytest.config import create_terminal_writer
+
+    return create_terminal_writer(config, file)
 
 
 def agree(comm, problems: list[str]) -> None:

@@ -15,6 +15,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .kernels import Reduction, decode_tag
 from .schedule import Step, ring_steps
 
 __all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
@@ -27,6 +28,7 @@ class Context:
     """What ringmpi keeps per communicator: the duplicate, the neighbours, reusable buffers."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
+        policy = _wait_policy()  # a bad setting fails before anything is made
         # Dup returns the caller's class; ringmpi.Comm overrides Allreduce, so keep a
         # plain Intracomm handle to the duplicate for the MPI baseline to call.
         self.comm = MPI.Intracomm(comm.Dup())
@@ -37,7 +39,28 @@ class Context:
         self.ring_plan: list[Step] = list(ring_steps(self.size, self.rank))
         self.status = MPI.Status()
         self._scratch = np.empty(0, np.uint8)
-        self.sleepy = _sleepy(self.comm)
+        self.sleepy = _sleepy(self.comm, policy)
+        # Message tags carry the (op, dtype) code below 1024 and, above it, the count
+        # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
+        tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
+        self._count_mod = max(1, min(65521, tag_ub // 1024 - 1))
+
+    def tag(self, red: Reduction, count: int) -> int:
+        """The tag of every message of a call: (op, dtype) and a fingerprint of the count."""
+        return red.tag + 1024 * (count % self._count_mod)
+
+    def disagreement(self, theirs: int, mine: int) -> str:
+        """Say what two message tags disagree on: op, dtype and/or count."""
+        (their_count, their_code), (my_count, my_code) = divmod(theirs, 1024), divmod(mine, 1024)
+        (their_op, their_dt), (my_op, my_dt) = decode_tag(their_code), decode_tag(my_code)
+        said = []
+        if their_op != my_op:
+            said.append(f"op: {their_op} there, {my_op} here")
+        if their_dt != my_dt:
+            said.append(f"dtype: {their_dt} there, {my_dt} here")
+        if their_count != my_count:
+            said.append(f"count: {their_count} there, {my_count} here (mod {self._count_mod})")
+        return "ranks disagree on " + "; ".join(said)
 
     def exchange(
         self, send: list, dest: int, tag: int, recv: list, source: int, status: MPI.Status
@@ -91,10 +114,14 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
         time.sleep(_NAP * 20)
 
 
-def _sleepy(comm: MPI.Intracomm) -> bool:
-    policy = os.environ.get("RINGMPI_WAIT", "auto")
+def _wait_policy() -> str:
+    policy = os.environ.get("RINGMPI_WAIT", "auto") or "auto"
     if policy not in ("auto", "spin", "sleep"):
         raise ValueError(f"RINGMPI_WAIT must be auto, spin or sleep, not {policy!r}")
+    return policy
+
+
+def _sleepy(comm: MPI.Intracomm, policy: str) -> bool:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     crowded = node.Get_size() > (os.cpu_count() or 1)
     node.Free()

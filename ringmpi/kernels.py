@@ -268,12 +268,12 @@ def _op_label(spec: _OpSpec) -> str:
     return "ringmpi.AVG" if spec.op is AVG else f"MPI.{spec.name.upper()}"
 
 
-def describe_tag(tag: int) -> str:
-    """Name the op and dtype a message tag stands for (for error messages)."""
-    k, d = divmod(tag - 1, 64)
+def decode_tag(code: int) -> tuple[str, str]:
+    """The (op, dtype) names a reduction's tag code stands for (for error messages)."""
+    k, d = divmod(code - 1, 64)
     if 0 <= k < len(_OPS) and 0 <= d < len(DTYPES):
-        return f"{_op_label(_OPS[k])} on {DTYPES[d].name}"
-    return f"tag {tag}"
+        return _op_label(_OPS[k]), DTYPES[d].name
+    return f"unknown op (code {code})", "unknown dtype"
 
 
 # --- verifiable data ---------------------------------------------------------

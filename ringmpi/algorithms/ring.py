@@ -18,10 +18,11 @@ at 4 ranks, 1.97 D at 64, never 2 D -- so the bandwidth term is flat in N,
 while the 2(N-1) serial steps make a large ring latency-bound.
 
 Each chunk is reduced in one fixed order on one rank and then copied, so the
-result is bitwise identical on every rank and from run to run. Every message
-carries the reduction's tag and is checked for its size on arrival: ranks that
-disagree on count, dtype or op get a RingMPIError, never a silent wrong answer,
-and no message is ever received into more memory than the chunk it belongs to.
+result is bitwise identical on every rank and from run to run. Every message's
+tag names the (op, dtype) pair and a fingerprint of the count, and its size is
+checked on arrival: a rank whose left neighbour disagrees on count, dtype or op
+raises RingMPIError at its first step, never returns a silent wrong answer, and
+no message is ever received into more memory than the chunk it belongs to.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from mpi4py import MPI
 from .. import _trace
 from .._comm import Context
 from .._errors import RingMPIError
-from ..kernels import Reduction, describe_tag
+from ..kernels import Reduction
 from ..schedule import REDUCE_SCATTER, Step, chunk_bounds
 from . import register
 
@@ -58,20 +59,20 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
     nseg = max(1, -(-longest * itemsize // segment_bytes()))
     scratch = ctx.scratch(-(-longest // nseg) * itemsize).view(work.dtype)
     tracing = bool(_trace._active)
+    tag = ctx.tag(red, work.size)
     for st in ctx.ring_plan:
         s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
         r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
         if st.phase != REDUCE_SCATTER:
-            _exchange(ctx, red, st, work[s0:s1], work[r0:r1], tracing)
+            _exchange(ctx, tag, st, work[s0:s1], work[r0:r1], tracing)
             continue
         send_seg = chunk_bounds(s1 - s0, nseg)
         recv_seg = chunk_bounds(r1 - r0, nseg)
         for k in range(nseg):
             mine = work[r0 + recv_seg[k] : r0 + recv_seg[k + 1]]
             incoming = scratch[: mine.size]
-            _exchange(
-                ctx, red, st, work[s0 + send_seg[k] : s0 + send_seg[k + 1]], incoming, tracing
-            )
+            outgoing = work[s0 + send_seg[k] : s0 + send_seg[k + 1]]
+            _exchange(ctx, tag, st, outgoing, incoming, tracing)
             if st.last:
                 red.combine_last(mine, incoming, n)
             else:
@@ -80,15 +81,24 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
 
 def segment_bytes() -> int:
     """The reduce-scatter segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
-    return int(os.environ.get("RINGMPI_SEGMENT_BYTES", SEGMENT_BYTES))
+    text = os.environ.get("RINGMPI_SEGMENT_BYTES", "")
+    if not text:
+        return SEGMENT_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"RINGMPI_SEGMENT_BYTES must be a number of bytes >= 1, not {text!r}")
+    return value
 
 
 def _exchange(
-    ctx: Context, red: Reduction, st: Step, send: np.ndarray, recv: np.ndarray, tracing: bool
+    ctx: Context, tag: int, st: Step, send: np.ndarray, recv: np.ndarray, tracing: bool
 ) -> None:
     """Send ``send`` right and receive ``recv`` from the left, checking what arrives."""
     try:
-        ctx.exchange([send, MPI.BYTE], ctx.right, red.tag, [recv, MPI.BYTE], ctx.left, ctx.status)
+        ctx.exchange([send, MPI.BYTE], ctx.right, tag, [recv, MPI.BYTE], ctx.left, ctx.status)
     except MPI.Exception as exc:
         if exc.Get_error_class() != MPI.ERR_TRUNCATE:
             raise
@@ -100,11 +110,10 @@ def _exchange(
     if tracing:
         _trace.record("ring", st.phase, st.step, ctx.right, send.nbytes)
     got_tag = ctx.status.Get_tag()
-    if got_tag != red.tag:
+    if got_tag != tag:
         raise RingMPIError(
-            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} reduces "
-            f"{describe_tag(got_tag)} but this rank {describe_tag(red.tag)}; "
-            "ranks disagree on op or dtype"
+            f"rank {ctx.rank}: ring {st.phase} step {st.step}: message from rank {ctx.left}: "
+            + ctx.disagreement(got_tag, tag)
         )
     got = ctx.status.Get_count(MPI.BYTE)
     if got != recv.nbytes:

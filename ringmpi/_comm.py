@@ -20,8 +20,10 @@ from .schedule import Step, ring_steps
 
 __all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
 
-# How long a waiting rank sleeps between polls when it shares a core (seconds).
-_NAP = 50e-6
+# Ranks per core from which waiting ranks poll and yield instead of spinning in MPI.
+# Measured (docs/performance.md, 8-byte ring on 2 cores): spinning is faster up to
+# 8 ranks, even at 16, and 5x slower at 32 (109 ms against 22 ms) and 3x at 64.
+_CROWDED = 8
 
 
 class Context:
@@ -67,10 +69,10 @@ class Context:
     ) -> None:
         """MPI_Sendrecv to ``dest`` and from ``source`` (any tag; ``status`` filled).
 
-        MPI waits by spinning. When this node runs more ranks than it has cores,
-        a spinning rank takes the core from the very rank it waits for, so there
-        the wait polls and sleeps instead (about 4x faster per step at 64 ranks
-        on 2 cores). ``RINGMPI_WAIT=spin|sleep`` forces either.
+        MPI waits by spinning. When this node runs many more ranks than it has
+        cores, a spinning rank takes the core from the very rank it waits for,
+        so there the wait polls MPI and gives the core away between polls
+        (``time.sleep(0)``). ``RINGMPI_WAIT=spin|sleep`` forces either.
         """
         if not self.sleepy:
             self.comm.Sendrecv(send, dest, tag, recv, source, MPI.ANY_TAG, status)
@@ -83,7 +85,7 @@ class Context:
                 received = received or rreq.Test(status)
                 sent = sent or sreq.Test()
                 if not (received and sent):
-                    time.sleep(_NAP)
+                    time.sleep(0)
         except MPI.Exception:
             if not sent:
                 sreq.Wait()  # never leave a send in flight from the user's buffer
@@ -111,7 +113,7 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
     """A barrier whose waiting ranks sleep rather than spin (for oversubscribed nodes)."""
     req = comm.Ibarrier()
     while not req.Test():
-        time.sleep(_NAP * 20)
+        time.sleep(0.002)
 
 
 def _wait_policy() -> str:
@@ -123,7 +125,7 @@ def _wait_policy() -> str:
 
 def _sleepy(comm: MPI.Intracomm, policy: str) -> bool:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    crowded = node.Get_size() > (os.cpu_count() or 1)
+    crowded = node.Get_size() >= _CROWDED * (os.cpu_count() or 1)
     node.Free()
     return policy == "sleep" or (policy == "auto" and crowded)
 

@@ -120,18 +120,20 @@ def test_an_exception_on_one_rank_aborts_the_whole_job():
 
 
 def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
-    # One process (N = 1, no mpirun): make the reference disagree with the result by
-    # one in the last element, and the CLI must count it and fail.
+    # One process (N = 1, no mpirun): make the reference disagree with the result in
+    # the first element of its period, and the CLI must count it and fail.
     import ringmpi._cli as cli
+    from ringmpi import kernels
 
-    real = cli.verify_expected
+    real = kernels.verify_expected
 
     def off_by_one(*args):
         expected = real(*args).copy()
-        expected[-1] += 1
+        expected[0] += 1
         return expected
 
-    monkeypatch.setattr(cli, "verify_expected", off_by_one)
+    monkeypatch.setattr(kernels, "verify_expected", off_by_one)
+    # 64 B of float32: 16 elements, two periods of 8, so two are wrong.
     assert cli.main(["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-a", "ring"]) == 1
     out = capsys.readouterr().out
-    assert "# wrong elements in total: 1" in out
+    assert "# wrong elements in total: 2" in out

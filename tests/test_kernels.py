@@ -11,6 +11,7 @@ from ringmpi.kernels import (
     _OPS,
     DTYPES,
     PERIOD,
+    count_wrong,
     decode_tag,
     op_from_name,
     reduction,
@@ -157,3 +158,13 @@ def test_dtype_table():
         "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
         "float32", "float64", "complex64", "complex128", "bool",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 1009])
+def test_count_wrong_counts_each_wrong_element(count):
+    nranks = 3
+    result = verify_expected(MPI.SUM, "int32", nranks, count).copy()
+    assert count_wrong(result, MPI.SUM, nranks) == 0
+    for k, i in enumerate(sorted({0, count // 2, count - 1} if count else set()), start=1):
+        result[i] += 1
+        assert count_wrong(result, MPI.SUM, nranks) == k

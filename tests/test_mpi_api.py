@@ -709,9 +709,9 @@ def test_unknown_algorithm_in_the_environment(monkeypatch):
 
 
 def _crowded() -> bool:
-    """More ranks on this node than it has cores: where "auto" sleeps."""
+    """Many more ranks on this node than it has cores: where "auto" polls and yields."""
     node = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    crowded = node.Get_size() > (os.cpu_count() or 1)
+    crowded = node.Get_size() >= ringmpi._comm._CROWDED * (os.cpu_count() or 1)
     node.Free()
     return crowded
 

@@ -41,6 +41,8 @@ class Context:
         self.ring_plan: list[Step] = list(ring_steps(self.size, self.rank))
         self.status = MPI.Status()
         self._scratch = np.empty(0, np.uint8)
+        # Algorithms' own cached state (node layouts, shared windows); each has free().
+        self.extra: dict = {}
         self.sleepy = _sleepy(self.comm, policy)
         # Message tags carry the (op, dtype) code below 1024 and, above it, the count
         # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
@@ -104,6 +106,9 @@ class Context:
         return self._scratch[:nbytes]
 
     def free(self) -> None:
+        for item in reversed(list(self.extra.values())):
+            item.free()
+        self.extra.clear()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self._scratch = np.empty(0, np.uint8)

@@ -27,6 +27,10 @@ class Trace:
 
     events: list[Event] = field(default_factory=list)
     calls: int = 0
+    # The hierarchical algorithm's shared-memory phase: bytes this rank stored to
+    # and loaded from the node's window (no messages there).
+    shared_written: int = 0
+    shared_read: int = 0
 
     @property
     def bytes_sent(self) -> int:
@@ -51,6 +55,13 @@ def record(algorithm: str, phase: str, step: int, peer: int, nbytes: int) -> Non
     """Record one send and the step it belongs to (called by the algorithms)."""
     for t in _active:
         t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes))
+
+
+def record_shared(written: int, read: int) -> None:
+    """Record one call's traffic through node shared memory (stores and loads, bytes)."""
+    for t in _active:
+        t.shared_written += written
+        t.shared_read += read
 
 
 def record_call() -> None:

@@ -78,4 +78,4 @@ def get(name: str) -> Algorithm:
 
 
 # Importing the modules registers them.
-from . import mpi, ring  # noqa: E402, F401
+from . import hierarchical, mpi, ring  # noqa: E402, F401

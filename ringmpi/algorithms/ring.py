@@ -28,6 +28,7 @@ no message is ever received into more memory than the chunk it belongs to.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -46,9 +47,27 @@ SEGMENT_BYTES = 1 << 20
 @register("ring")
 def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
     """Ring all-reduce: reduce-scatter then all-gather, Sendrecv with the ring neighbours."""
+    run_ring(work, red, ctx)
+
+
+def run_ring(
+    work: np.ndarray,
+    red: Reduction,
+    ctx: Context,
+    *,
+    algorithm: str = "ring",
+    phase_prefix: str = "",
+    peers: list[int] | None = None,
+) -> None:
+    """The ring on ``ctx``'s communicator; other algorithms run it on sub-communicators.
+
+    ``peers`` maps ranks of ``ctx`` to the ranks of the caller's communicator, so
+    the trace and the error messages name ranks the user knows.
+    """
     n = ctx.size
     if n == 1:
         return
+    ring = _Ring(ctx, ctx.tag(red, work.size), algorithm, phase_prefix, peers or range(n))
     bounds = chunk_bounds(work.size, n)
     itemsize = work.itemsize
     # A reduce-scatter step moves its chunk in `nseg` segments, each reduced right after
@@ -58,21 +77,18 @@ def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
     longest = bounds[1] - bounds[0]
     nseg = max(1, -(-longest * itemsize // segment_bytes()))
     scratch = ctx.scratch(-(-longest // nseg) * itemsize).view(work.dtype)
-    tracing = bool(_trace._active)
-    tag = ctx.tag(red, work.size)
     for st in ctx.ring_plan:
         s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
         r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
         if st.phase != REDUCE_SCATTER:
-            _exchange(ctx, tag, st, work[s0:s1], work[r0:r1], tracing)
+            ring.exchange(st, work[s0:s1], work[r0:r1])
             continue
         send_seg = chunk_bounds(s1 - s0, nseg)
         recv_seg = chunk_bounds(r1 - r0, nseg)
         for k in range(nseg):
             mine = work[r0 + recv_seg[k] : r0 + recv_seg[k + 1]]
             incoming = scratch[: mine.size]
-            outgoing = work[s0 + send_seg[k] : s0 + send_seg[k + 1]]
-            _exchange(ctx, tag, st, outgoing, incoming, tracing)
+            ring.exchange(st, work[s0 + send_seg[k] : s0 + send_seg[k + 1]], incoming)
             if st.last:
                 red.combine_last(mine, incoming, n)
             else:
@@ -93,31 +109,44 @@ def segment_bytes() -> int:
     return value
 
 
-def _exchange(
-    ctx: Context, tag: int, st: Step, send: np.ndarray, recv: np.ndarray, tracing: bool
-) -> None:
-    """Send ``send`` right and receive ``recv`` from the left, checking what arrives."""
-    try:
-        ctx.exchange([send, MPI.BYTE], ctx.right, tag, [recv, MPI.BYTE], ctx.left, ctx.status)
-    except MPI.Exception as exc:
-        if exc.Get_error_class() != MPI.ERR_TRUNCATE:
-            raise
-        raise RingMPIError(
-            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} sent more than "
-            f"the {recv.nbytes} bytes expected of chunk {st.recv_chunk}; "
-            "ranks disagree on count or dtype"
-        ) from None
-    if tracing:
-        _trace.record("ring", st.phase, st.step, ctx.right, send.nbytes)
-    got_tag = ctx.status.Get_tag()
-    if got_tag != tag:
-        raise RingMPIError(
-            f"rank {ctx.rank}: ring {st.phase} step {st.step}: message from rank {ctx.left}: "
-            + ctx.disagreement(got_tag, tag)
-        )
-    got = ctx.status.Get_count(MPI.BYTE)
-    if got != recv.nbytes:
-        raise RingMPIError(
-            f"rank {ctx.rank}: ring {st.phase} step {st.step}: rank {ctx.left} sent {got} bytes, "
-            f"expected {recv.nbytes}; ranks disagree on count or dtype"
-        )
+class _Ring:
+    """One call's exchanges: sends right, receives from the left, checks what arrives."""
+
+    def __init__(
+        self, ctx: Context, tag: int, algorithm: str, prefix: str, peers: Sequence[int]
+    ) -> None:
+        self.ctx, self.tag, self.algorithm, self.prefix, self.peers = (
+            ctx, tag, algorithm, prefix, peers,
+        )  # fmt: skip
+        self.tracing = bool(_trace._active)
+
+    def exchange(self, st: Step, send: np.ndarray, recv: np.ndarray) -> None:
+        ctx, peers = self.ctx, self.peers
+        where = f"rank {peers[ctx.rank]}: {self.algorithm} {self.prefix}{st.phase} step {st.step}"
+        left = peers[ctx.left]
+        try:
+            ctx.exchange(
+                [send, MPI.BYTE], ctx.right, self.tag, [recv, MPI.BYTE], ctx.left, ctx.status
+            )
+        except MPI.Exception as exc:
+            if exc.Get_error_class() != MPI.ERR_TRUNCATE:
+                raise
+            raise RingMPIError(
+                f"{where}: rank {left} sent more than the {recv.nbytes} bytes expected of "
+                f"chunk {st.recv_chunk}; ranks disagree on count or dtype"
+            ) from None
+        if self.tracing:
+            _trace.record(
+                self.algorithm, self.prefix + st.phase, st.step, peers[ctx.right], send.nbytes
+            )
+        got_tag = ctx.status.Get_tag()
+        if got_tag != self.tag:
+            raise RingMPIError(
+                f"{where}: message from rank {left}: " + ctx.disagreement(got_tag, self.tag)
+            )
+        got = ctx.status.Get_count(MPI.BYTE)
+        if got != recv.nbytes:
+            raise RingMPIError(
+                f"{where}: rank {left} sent {got} bytes, expected {recv.nbytes}; "
+                "ranks disagree on count or dtype"
+            )

@@ -1,0 +1,208 @@
+"""Hierarchical all-reduce: reduce inside each node through shared memory, ring across nodes.
+
+Three phases, for M nodes of L ranks each (L may differ from node to node)::
+
+    node 0: [c0][c1][c2]  --(1) reduce slices in shared memory-->  [s0|s1|s2]
+                                                                     |  |  |
+    (2) local rank i rings slice i with local rank i of every node:  ring ring ring
+                                                                     |  |  |
+    node 0: every rank copies the finished buffer out       <--(3)-- [s0|s1|s2]
+
+1. Every rank copies its contribution into its segment of an MPI shared-memory
+   window of the node (the contribution lands in node memory once). The buffer
+   is cut into S slices, S = the largest node's L; local rank i owns slices
+   i, i + L, ...: it reduces each over all L contributions, accumulating in
+   L2-sized tiles of the first contribution's segment, so memory sees L reads
+   and one write per element.
+2. The owners of slice j on every node form rail j and run the ring on it:
+   2(M-1) serial inter-node steps moving 2(M-1)/M of the slice. All L rails of
+   a node run at once, so every link of a node carries traffic (Horovod's
+   design; MPICH reduces to one leader per node instead). A rank of a smaller
+   node owns several slices and runs their rails one after the other, in slice
+   order on every rank, so the rails never wait on each other in a cycle.
+3. Every rank copies the finished buffer out of shared memory.
+
+Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
+window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
+between phases every rank runs ``Win_sync`` (its stores become visible and it
+sees the others'), a barrier of the node (every rank has finished the phase),
+and ``Win_sync`` again. That orders each phase's loads after the previous
+phase's stores on every rank, which is all the algorithm needs.
+
+Each slice is reduced in one fixed order (contributions by local rank, then the
+ring's order across nodes) on one rank and then copied, so the result is
+bitwise identical on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _trace
+from .._comm import Context
+from ..kernels import Reduction, reduction
+from ..schedule import chunk_bounds
+from . import register
+from .ring import run_ring
+
+# Elements per tile of the in-node reduction: the accumulator tile stays in L2.
+_TILE_BYTES = 256 * 1024
+
+
+@dataclass
+class Layout:
+    """This rank's place in the nodes of a communicator."""
+
+    node: MPI.Intracomm  # the ranks of this (real or virtual) node
+    local_rank: int
+    local_size: int
+    nodes: int  # M
+    slices: int  # S: the largest node's size
+    owned: list[int]  # the slices this rank reduces and rings
+    rails: dict[int, Context]  # slice -> context of its rail (the owners across nodes)
+    rail_members: dict[int, list[int]]  # slice -> comm ranks of that rail, in ring order
+
+    def free(self) -> None:
+        for rail in self.rails.values():
+            rail.free()
+        self.node.Free()
+
+
+def node_settings() -> tuple[int | None, str]:
+    """``RINGMPI_RANKS_PER_NODE`` and ``RINGMPI_NODE_PLACEMENT``, checked."""
+    text = os.environ.get("RINGMPI_RANKS_PER_NODE", "")
+    k = None
+    if text:
+        try:
+            k = int(text)
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError(f"RINGMPI_RANKS_PER_NODE must be a whole number >= 1, not {text!r}")
+    placement = os.environ.get("RINGMPI_NODE_PLACEMENT", "block") or "block"
+    if placement not in ("block", "cyclic"):
+        raise ValueError(f"RINGMPI_NODE_PLACEMENT must be block or cyclic, not {placement!r}")
+    return k, placement
+
+
+def layout(ctx: Context, k: int | None, placement: str) -> Layout:
+    """The node layout of ``ctx``'s communicator (collective on first use; cached)."""
+    key = ("layout", k, placement)
+    found = ctx.extra.get(key)
+    if found is not None:
+        return found
+    comm = ctx.comm
+    rank, size = ctx.rank, ctx.size
+    real = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    if k is None:
+        node = real
+    else:
+        # Virtual nodes of k ranks, inside the real ones (their ranks share memory).
+        nodes_wanted = -(-size // k)
+        virtual = rank // k if placement == "block" else rank % nodes_wanted
+        node = real.Split(virtual, rank)
+        real.Free()
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    leader = node.bcast(rank, root=0)  # names the node: its lowest rank
+    nodes = comm.allreduce(1 if local_rank == 0 else 0)
+    slices = comm.allreduce(local_size, op=MPI.MAX)
+    owned = [j for j in range(slices) if j % local_size == local_rank]
+    rails: dict[int, Context] = {}
+    members: dict[int, list[int]] = {}
+    for j in range(slices):
+        mine = j in owned
+        rail = comm.Split(0 if mine else MPI.UNDEFINED, leader)
+        if mine:
+            rails[j] = Context(rail)
+            members[j] = rail.allgather(rank)
+            rail.Free()
+    found = Layout(node, local_rank, local_size, nodes, slices, owned, rails, members)
+    ctx.extra[key] = found
+    return found
+
+
+class _Window:
+    """A node's shared-memory window: one segment per local rank, reused across calls."""
+
+    def __init__(self, node: MPI.Intracomm, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.win = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=node)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
+        self.node = node
+        self.segments = []
+        for r in range(node.Get_size()):
+            buf, _ = self.win.Shared_query(r)
+            self.segments.append(np.frombuffer(buf, np.uint8, count=nbytes))
+
+    def sync(self) -> None:
+        """Order this phase's stores before the next phase's loads, on every local rank."""
+        self.win.Sync()
+        self.node.Barrier()
+        self.win.Sync()
+
+    def free(self) -> None:
+        self.segments = []
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
+    # Every rank of the node asks for the same size (same count and dtype), so they
+    # agree on when to reallocate; the window only grows.
+    key = ("window", id(lay))
+    win = ctx.extra.get(key)
+    if win is None or win.nbytes < nbytes:
+        if win is not None:
+            win.free()
+        win = _Window(lay.node, nbytes)
+        ctx.extra[key] = win
+    return win
+
+
+@register("hierarchical")
+def hierarchical_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
+    """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
+    k, placement = node_settings()
+    lay = layout(ctx, k, placement)
+    nbytes = work.nbytes
+    win = _window(ctx, lay, nbytes)
+    dt = work.dtype
+    segs = [s[:nbytes].view(dt) for s in win.segments]
+    tracing = bool(_trace._active)
+
+    # (1) contributions into node memory; owners reduce their slices.
+    segs[lay.local_rank][:] = work
+    win.sync()
+    bounds = chunk_bounds(work.size, lay.slices)
+    acc = segs[0]
+    tile = max(1, _TILE_BYTES // dt.itemsize)
+    read = written = 0
+    for j in lay.owned:
+        for t0 in range(bounds[j], bounds[j + 1], tile):
+            t1 = min(t0 + tile, bounds[j + 1])
+            for seg in segs[1:]:
+                red.combine(acc[t0:t1], seg[t0:t1])
+        span = (bounds[j + 1] - bounds[j]) * dt.itemsize
+        read += span * lay.local_size
+        written += span
+
+    # (2) the rails: AVG sums across nodes and divides once, on the slice's owner.
+    across = reduction(MPI.SUM, dt) if red.name == "avg" else red
+    for j in lay.owned:
+        piece = acc[bounds[j] : bounds[j + 1]]
+        run_ring(
+            piece, across, lay.rails[j], algorithm="hierarchical",
+            phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
+        )  # fmt: skip
+        red.finish(piece, ctx.size)
+    win.sync()
+
+    # (3) everyone copies the finished buffer out.
+    work[:] = acc
+    if tracing:
+        _trace.record_shared(written=nbytes + written, read=read + nbytes)
+    win.sync()  # nobody writes the window again until everyone has read it

@@ -1,0 +1,184 @@
+"""The hierarchical algorithm under emulated nodes: exact results, bitwise agreement, counted traffic.
+
+Nodes are emulated with RINGMPI_RANKS_PER_NODE=k and RINGMPI_NODE_PLACEMENT
+(block or cyclic); their ranks really share memory, so the shared-memory phase
+is the real one. The expected layout and traffic are computed here from the
+definitions, independently of the library's code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from conftest import agree
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import kernels
+from ringmpi.schedule import chunk_bounds
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+LAYOUTS = [(k, p) for k in (1, 2, 3, 4) for p in ("block", "cyclic")]
+OPS = [(MPI.SUM, "float32"), (ringmpi.AVG, "float64"), (MPI.MAX, "int8"), (MPI.LXOR, "bool"),
+       (MPI.PROD, "complex64"), (ringmpi.AVG, "complex128")]  # fmt: skip
+PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS for dt in s.dtypes]
+
+
+@pytest.fixture
+def nodes(monkeypatch, request):
+    k, placement = request.param
+    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", str(k))
+    monkeypatch.setenv("RINGMPI_NODE_PLACEMENT", placement)
+    return k, placement
+
+
+def expected_nodes(nranks: int, k: int, placement: str) -> list[list[int]]:
+    """The emulated nodes as lists of ranks, ordered by their lowest rank."""
+    count = -(-nranks // k)
+    node_of = [r // k if placement == "block" else r % count for r in range(nranks)]
+    nodes: dict[int, list[int]] = {}
+    for r in range(nranks):
+        nodes.setdefault(node_of[r], []).append(r)
+    return sorted(nodes.values())
+
+
+def expected_inter_node_bytes(
+    rank: int, nranks: int, k: int, placement: str, count: int, itemsize: int
+):
+    """(bytes sent, steps) of ``rank``'s rails, from the definitions."""
+    nodes = expected_nodes(nranks, k, placement)
+    slices = max(len(n) for n in nodes)
+    bounds = chunk_bounds(count, slices)
+    sent = steps = 0
+    for j in range(slices):
+        rail = [n[j % len(n)] for n in nodes]
+        if rank not in rail or len(rail) == 1:
+            continue
+        m, p = len(rail), rail.index(rank)
+        length = bounds[j + 1] - bounds[j]
+        b = chunk_bounds(length, m)
+        size = [b[c + 1] - b[c] for c in range(m)]
+        sent += itemsize * (2 * length - size[(p + 1) % m] - size[(p + 2) % m])
+        steps += 2 * (m - 1)
+    return sent, steps
+
+
+def _call(op, send, in_place):
+    if in_place:
+        buf = send.copy()
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, op, WORLD, algorithm="hierarchical")
+        return buf
+    recv = np.empty_like(send)
+    ringmpi.Allreduce(send, recv, op, WORLD, algorithm="hierarchical")
+    return recv
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, indirect=True, ids=[f"k{k}-{p}" for k, p in LAYOUTS])
+@pytest.mark.parametrize(("op", "dtype"), OPS)
+def test_layouts(nodes, op, dtype):
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    problems: list[str] = []
+    for count in sorted({0, 1, max(n - 1, 0), n, n + 1, 1009, 2**20 + 3}):
+        send = kernels.verify_inputs(op, dtype, rank, count)
+        expected = kernels.verify_expected(op, dtype, n, count)
+        for in_place in (False, True):
+            first, second = _call(op, send, in_place), _call(op, send, in_place)
+            where = f"{nodes} count {count} {'in' if in_place else 'out-of'}-place"
+            if not np.array_equal(first, expected):
+                problems.append(f"{where}: wrong result")
+            if first.tobytes() != second.tobytes():
+                problems.append(f"{where}: the second call differs")
+            digests = WORLD.allgather(hashlib.sha256(first.tobytes()).hexdigest())
+            if len(set(digests)) != 1:
+                problems.append(f"{where}: ranks hold different bits")
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("nodes", [(2, "block")], indirect=True, ids=["k2-block"])
+@pytest.mark.parametrize(("op", "dtype"), PAIRS)
+def test_every_op_and_dtype(nodes, op, dtype):
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    problems = []
+    for count in (0, 1, n + 1, 1009):
+        send = kernels.verify_inputs(op, dtype, rank, count)
+        got = _call(op, send, in_place=count % 2 == 1)
+        if not np.array_equal(got, kernels.verify_expected(op, dtype, n, count)):
+            problems.append(f"count {count}: wrong result")
+    agree(WORLD, problems)
+
+
+def test_random_floats_agree_bitwise_across_ranks(monkeypatch):
+    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+    rng = np.random.default_rng(WORLD.Get_rank())
+    x = rng.standard_normal(100_003).astype(np.float32)
+    got = ringmpi.allreduce(x, algorithm="hierarchical")
+    again = ringmpi.allreduce(x, algorithm="hierarchical")
+    reference = np.empty_like(x)
+    WORLD.Allreduce(x, reference)
+    digests = WORLD.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+    problems = [] if len(set(digests)) == 1 else ["ranks hold different bits"]
+    if got.tobytes() != again.tobytes():
+        problems.append("a repeated call differs")
+    if not np.allclose(got, reference, rtol=1e-5, atol=1e-5):
+        problems.append("far from comm.Allreduce")
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, indirect=True, ids=[f"k{k}-{p}" for k, p in LAYOUTS])
+@pytest.mark.parametrize("count", [0, 1, 5, 1009, 4096])
+def test_trace_counts_inter_node_traffic(nodes, count):
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    x = np.ones(count, np.float64)
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, x, algorithm="hierarchical")
+    sent, steps = expected_inter_node_bytes(rank, n, *nodes, count, 8)
+    problems = []
+    if (t.bytes_sent, t.steps) != (sent, steps):
+        problems.append(f"traced {(t.bytes_sent, t.steps)}, closed form {(sent, steps)}")
+    if any(e.algorithm != "hierarchical" or "inter-node" not in e.phase for e in t.events):
+        problems.append("events not labelled as hierarchical inter-node traffic")
+    # The shared-memory phase: the contribution and the copy-out at least, never messages.
+    if count and (t.shared_written < 8 * count or t.shared_read < 8 * count):
+        problems.append(f"shared memory traffic {t.shared_written}, {t.shared_read} too small")
+    if not np.all(x == n):
+        problems.append("wrong result")
+    agree(WORLD, problems)
+
+
+def test_one_node_has_no_inter_node_steps(monkeypatch):
+    monkeypatch.delenv("RINGMPI_RANKS_PER_NODE", raising=False)
+    with ringmpi.trace() as t:
+        got = ringmpi.allreduce(np.arange(1000, dtype=np.int64), algorithm="hierarchical")
+    n = WORLD.Get_size()
+    problems = [] if t.messages == 0 else [f"{t.messages} messages on a single node"]
+    if not np.array_equal(got, n * np.arange(1000)):
+        problems.append("wrong result")
+    agree(WORLD, problems)
+
+
+def test_window_is_reused_across_sizes_and_dtypes(monkeypatch):
+    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    problems = []
+    for count, dtype in [(10, "int32"), (300_000, "float64"), (7, "complex128"), (300_001, "int8"),
+                         (0, "float32"), (50_000, "uint16")]:  # fmt: skip
+        send = kernels.verify_inputs(MPI.SUM, dtype, rank, count)
+        got = ringmpi.allreduce(send, algorithm="hierarchical")
+        if not np.array_equal(got, kernels.verify_expected(MPI.SUM, dtype, n, count)):
+            problems.append(f"{count} x {dtype}: wrong result")
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [("RINGMPI_RANKS_PER_NODE", "0", "RANKS_PER_NODE"), ("RINGMPI_RANKS_PER_NODE", "two", "RANKS_PER_NODE"),
+     ("RINGMPI_NODE_PLACEMENT", "scatter", "PLACEMENT")],
+)  # fmt: skip
+def test_bad_node_settings(monkeypatch, name, value, match):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=match):
+        ringmpi.allreduce(np.ones(4), algorithm="hierarchical")

@@ -163,15 +163,21 @@ def _run(
 
     # The work array: recvbuf itself when its first `count` elements are contiguous,
     # otherwise a contiguous copy written back at the end (C order, as MPI reads it).
+    # A contiguous sendbuf is handed to the algorithm as `source`, so that it can read
+    # the contribution from there and skip a copy; otherwise the contribution is
+    # copied into `work` first and `source` is None.
     direct = recv.flags.c_contiguous
     work = recv.reshape(-1)[:count] if direct else np.empty(count, recv.dtype)
-    if send is not None:
+    source = None
+    if send is not None and send.flags.c_contiguous:
+        source = send.reshape(-1)
+    elif send is not None:
         np.copyto(work.reshape(send.shape), send)
     elif not direct:
         work[...] = recv.reshape(-1)[:count]  # reshape copies a non-contiguous array: C order
 
     _trace.record_call()
-    algo.run(work, red, ctx)
+    algo.run(work, red, ctx, source)
     if not direct:
         if count == recv.size:
             recv[...] = work.reshape(recv.shape)

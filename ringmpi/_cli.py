@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -27,6 +28,7 @@ import ringmpi
 
 from . import _trace, algorithms
 from ._comm import context, sleepy_barrier
+from .algorithms.hierarchical import node_settings
 from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
@@ -61,6 +63,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-a", "--algorithm", default="ring,mpi",
         help=f"comma list from {', '.join(algorithms.names())} (ring,mpi)",
+    )  # fmt: skip
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        metavar="K",
+        help="emulate nodes of K ranks (RINGMPI_RANKS_PER_NODE) for the hierarchical algorithm",
+    )
+    p.add_argument(
+        "--node-placement", choices=("block", "cyclic"),
+        help="emulated nodes take consecutive ranks (block) or every M-th rank (cyclic)",
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
     return p
@@ -101,6 +113,7 @@ def _header(comm: MPI.Intracomm, compile_s: float, args: argparse.Namespace) -> 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     node.Free()
+    per_node, placement = node_settings()
     lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
     return {
         "ranks": comm.Get_size(),
@@ -112,6 +125,8 @@ def _header(comm: MPI.Intracomm, compile_s: float, args: argparse.Namespace) -> 
         "numpy": np.__version__,
         "ringmpi": ringmpi.__version__,
         "first_call_compile_ms": round(compile_s * 1e3, 1),
+        "emulated_ranks_per_node": per_node,
+        "node_placement": placement,
         "datatype": args.datatype,
         "op": args.op,
         "iters": args.iters,
@@ -138,6 +153,19 @@ class _Run:
     traced: _trace.Trace | None  # None for the MPI baseline, whose traffic ringmpi cannot see
     iters: int
     times: list[float] = field(default_factory=list)
+
+
+def _copy_bandwidth(comm: MPI.Intracomm, ctx: Any, send: np.ndarray, recv: np.ndarray) -> float:
+    """The node's memory copy bandwidth at this size: every rank copies at once (NumPy),
+    read + write bytes over its median time, summed over ranks (GB/s)."""
+    times = []
+    for _ in range(5):
+        ctx.barrier()
+        t0 = time.perf_counter()
+        np.copyto(recv, send)
+        times.append(time.perf_counter() - t0)
+    t = float(np.median(times))
+    return comm.allreduce(2 * send.nbytes / t / 1e9 if t > 0 else 0.0)
 
 
 def _calls(first: float, args: argparse.Namespace) -> tuple[int, int]:
@@ -176,7 +204,7 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
 _COLUMNS = (
     f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>12} "
     f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} "
-    f"{'iters':>5}"
+    f"{'iters':>5} {'copy':>7}"
 )
 
 
@@ -187,7 +215,8 @@ def _format(row: dict) -> str:
     return (
         f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
         f"{row['algorithm']:>12} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
-        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5}"
+        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5} "
+        f"{row['copy_GBs']:>7.1f}"
     )
 
 
@@ -196,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     _abort_on_exception(comm)
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.ranks_per_node is not None:
+        os.environ["RINGMPI_RANKS_PER_NODE"] = str(args.ranks_per_node)
+    if args.node_placement is not None:
+        os.environ["RINGMPI_NODE_PLACEMENT"] = args.node_placement
     rank, nranks = comm.Get_rank(), comm.Get_size()
     # Every rank checks the same arguments the same way, so all of them stop here together.
     try:
@@ -204,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
         for name in names:
             algorithms.lookup(name)
+        node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
     except (TypeError, ValueError) as exc:
         if rank == 0:
             parser.print_usage(sys.stderr)
@@ -214,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     header = _header(comm, compile_s, args)
     if rank == 0:
         print(f"# ringmpi {header['ringmpi']}: all-reduce benchmark and verification")
-        print(f"# ranks {header['ranks']}, nodes {header['nodes']}")
+        emulated = ""
+        if header["emulated_ranks_per_node"]:
+            emulated = (f" (hierarchical: emulated nodes of {header['emulated_ranks_per_node']} "
+                        f"ranks, {header['node_placement']} placement)")  # fmt: skip
+        print(f"# ranks {header['ranks']}, nodes {header['nodes']}{emulated}")
         print(f"# MPI: {header['mpi_library']} (MPI {header['mpi_version']})")
         print(f"# mpi4py {header['mpi4py']}, numba {header['numba']}, numpy {header['numpy']}")
         print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
@@ -226,8 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         print("# busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
               "max over ranks")  # fmt: skip
         print("#" + _COLUMNS[1:])
-        print(f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>12} {'':>10} "
-              f"{'(GB/s)':>7} {'(GB/s)':>7}")  # fmt: skip
+        print(
+            f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>12} {'':>10} "
+            f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>7} {'':>5} {'':>5} {'(GB/s)':>7}"
+        )
+        print(
+            "# copy: NumPy copy of the same size on every rank at once, read + write bytes, "
+            "summed over ranks: the memory bandwidth the shared-memory phase can reach"
+        )
         sys.stdout.flush()
 
     rows, total_wrong = [], 0
@@ -236,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = count * red.dtype.itemsize
         send = verify_inputs(op, red.dtype, rank, count)
         recv = np.empty_like(send)
+        copy_bw = _copy_bandwidth(comm, ctx, send, recv)
         runs = {}
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
@@ -266,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                     run.times.append(time.perf_counter() - t0)
         for run in runs.values():
             row = _row(comm, run, nbytes, count, args)
+            row["copy_GBs"] = copy_bw
             rows.append(row)
             total_wrong += max(row["wrong"], 0)
             if rank == 0:

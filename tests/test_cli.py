@@ -137,3 +137,27 @@ def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
     assert cli.main(["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-a", "ring"]) == 1
     out = capsys.readouterr().out
     assert "# wrong elements in total: 2" in out
+
+
+@pytest.mark.parametrize("placement", ["block", "cyclic"])
+def test_hierarchical_rows_count_inter_node_traffic(tmp_path, placement):
+    # 4 ranks as 2 emulated nodes of 2: each rank rings half the buffer with one peer,
+    # so it sends 2(M-1)/M of D/L = 0.5 D in 2(M-1) = 2 inter-node steps.
+    out = tmp_path / "r.json"
+    p = run(4, "-a", "hierarchical,ring", "-b", "64K", "-e", "64K", "-n", "2", "-w", "0",
+            "--ranks-per-node", "2", "--node-placement", placement, "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert f"emulated nodes of 2 ranks, {placement} placement" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["header"]["emulated_ranks_per_node"] == 2
+    hier, ring = data["rows"]
+    assert (hier["algorithm"], hier["wrong"], hier["steps"]) == ("hierarchical", 0, 2)
+    assert hier["bytes_per_rank"] == pytest.approx(0.5)
+    assert (ring["steps"], ring["bytes_per_rank"]) == (6, pytest.approx(1.5))
+    assert hier["copy_GBs"] > 0 and hier["copy_GBs"] == ring["copy_GBs"]
+
+
+def test_bad_node_settings_end_the_job():
+    p = run(2, "--ranks-per-node", "0", timeout=120)
+    assert p.returncode == 2
+    assert "RINGMPI_RANKS_PER_NODE must be a whole number >= 1" in p.stderr

@@ -1,9 +1,10 @@
 """The registry of all-reduce algorithms.
 
-Every algorithm has one signature, ``fn(work, red, ctx)``: ``work`` is this
-rank's contribution as a 1-D C-contiguous array that the algorithm overwrites
-with the result, ``red`` the checked :class:`~ringmpi.kernels.Reduction` and
-``ctx`` the communicator's :class:`~ringmpi._comm.Context`. Modules register
+Every algorithm has one signature, ``fn(work, red, ctx, source)``: ``work`` is
+a 1-D C-contiguous array that receives the result; this rank's contribution is
+``source`` (same size and dtype) or, when ``source`` is None, already in
+``work``; ``red`` is the checked :class:`~ringmpi.kernels.Reduction` and ``ctx``
+the communicator's :class:`~ringmpi._comm.Context`. Modules register
 themselves with :func:`register`; ``algorithm=`` and the CLI's ``-a`` look
 names up with :func:`lookup`.
 """
@@ -21,7 +22,7 @@ from ..kernels import Reduction
 
 __all__ = ["Algorithm", "choose", "lookup", "names", "register"]
 
-AlgorithmFn = Callable[[np.ndarray, Reduction, Context], None]
+AlgorithmFn = Callable[[np.ndarray, Reduction, Context, "np.ndarray | None"], None]
 
 
 @dataclass(frozen=True)

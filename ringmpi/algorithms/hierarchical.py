@@ -8,19 +8,20 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
                                                                      |  |  |
     node 0: every rank copies the finished buffer out       <--(3)-- [s0|s1|s2]
 
-1. Every rank copies its contribution into its segment of an MPI shared-memory
-   window of the node (the contribution lands in node memory once). The buffer
-   is cut into S slices, S = the largest node's L; local rank i owns slices
-   i, i + L, ...: it reduces each over all L contributions, accumulating in
-   L2-sized tiles of the first contribution's segment, so memory sees L reads
-   and one write per element.
+1. The buffer is cut into S slices, S = the largest node's L; local rank i
+   owns slices i, i + L, .... Every rank copies the slices it does not own into
+   its segment of an MPI shared-memory window of the node (its contribution
+   lands in node memory once, and only where another rank needs it). Each
+   owner reduces its slices over all L contributions in L2-sized tiles, so
+   memory sees L reads and one write per element, and publishes the result in
+   its segment.
 2. The owners of slice j on every node form rail j and run the ring on it:
    2(M-1) serial inter-node steps moving 2(M-1)/M of the slice. All L rails of
    a node run at once, so every link of a node carries traffic (Horovod's
    design; MPICH reduces to one leader per node instead). A rank of a smaller
    node owns several slices and runs their rails one after the other, in slice
    order on every rank, so the rails never wait on each other in a cycle.
-3. Every rank copies the finished buffer out of shared memory.
+3. Every rank copies the slices it does not own out of shared memory.
 
 Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
 window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
@@ -164,45 +165,67 @@ def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
 
 
 @register("hierarchical")
-def hierarchical_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
+def hierarchical_allreduce(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
     """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
     k, placement = node_settings()
     lay = layout(ctx, k, placement)
-    nbytes = work.nbytes
+    src = work if source is None else source
+    nbytes, dt = work.nbytes, work.dtype
     win = _window(ctx, lay, nbytes)
-    dt = work.dtype
     segs = [s[:nbytes].view(dt) for s in win.segments]
-    tracing = bool(_trace._active)
-
-    # (1) contributions into node memory; owners reduce their slices.
-    segs[lay.local_rank][:] = work
-    win.sync()
+    mine = segs[lay.local_rank]
     bounds = chunk_bounds(work.size, lay.slices)
-    acc = segs[0]
+    owned = set(lay.owned)
+    others = [seg for r, seg in enumerate(segs) if r != lay.local_rank]
     tile = max(1, _TILE_BYTES // dt.itemsize)
-    read = written = 0
-    for j in lay.owned:
-        for t0 in range(bounds[j], bounds[j + 1], tile):
-            t1 = min(t0 + tile, bounds[j + 1])
-            for seg in segs[1:]:
-                red.combine(acc[t0:t1], seg[t0:t1])
-        span = (bounds[j + 1] - bounds[j]) * dt.itemsize
-        read += span * lay.local_size
-        written += span
-
-    # (2) the rails: AVG sums across nodes and divides once, on the slice's owner.
+    # AVG sums across nodes and divides once, by the slice's owner.
     across = reduction(MPI.SUM, dt) if red.name == "avg" else red
-    for j in lay.owned:
-        piece = acc[bounds[j] : bounds[j + 1]]
-        run_ring(
-            piece, across, lay.rails[j], algorithm="hierarchical",
-            phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
-        )  # fmt: skip
-        red.finish(piece, ctx.size)
+    stored = loaded = 0
+
+    # (1) Publish the contribution where others need it: only the slices this rank
+    # does not own (its own slices are read straight from `src`).
+    for j in range(lay.slices):
+        if j not in owned:
+            mine[bounds[j] : bounds[j + 1]] = src[bounds[j] : bounds[j + 1]]
+            stored += (bounds[j + 1] - bounds[j]) * dt.itemsize
     win.sync()
 
-    # (3) everyone copies the finished buffer out.
-    work[:] = acc
-    if tracing:
-        _trace.record_shared(written=nbytes + written, read=read + nbytes)
+    # (2) Reduce each owned slice tile by tile, the accumulator in cache: this rank's
+    # part, then the others' in local-rank order, so memory sees L reads and one
+    # write per element. Across nodes, the slice goes around its rail in `work`.
+    single_node = lay.nodes == 1
+    for j in lay.owned:
+        lo, hi = bounds[j], bounds[j + 1]
+        out = mine if single_node else work
+        for t0 in range(lo, hi, tile):
+            t1 = min(t0 + tile, hi)
+            acc = out[t0:t1]
+            acc[:] = src[t0:t1]
+            for seg in others:
+                red.combine(acc, seg[t0:t1])
+            if single_node:
+                red.finish(acc, ctx.size)
+                work[t0:t1] = acc  # still in cache
+        loaded += (hi - lo) * dt.itemsize * len(others)
+        if not single_node:
+            piece = work[lo:hi]
+            run_ring(
+                piece, across, lay.rails[j], algorithm="hierarchical",
+                phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
+            )  # fmt: skip
+            red.finish(piece, ctx.size)
+            mine[lo:hi] = piece
+        stored += (hi - lo) * dt.itemsize
+    win.sync()
+
+    # (3) Copy out the slices the other local ranks finished.
+    for j in range(lay.slices):
+        if j not in owned:
+            owner = segs[j % lay.local_size]
+            work[bounds[j] : bounds[j + 1]] = owner[bounds[j] : bounds[j + 1]]
+            loaded += (bounds[j + 1] - bounds[j]) * dt.itemsize
+    if _trace._active:
+        _trace.record_shared(written=stored, read=loaded)
     win.sync()  # nobody writes the window again until everyone has read it

@@ -11,7 +11,9 @@ from . import register
 
 
 @register("mpi", own=False)
-def mpi_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
+def mpi_allreduce(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
     """MPI_Allreduce of the loaded MPI library (the baseline; its traffic is not traced)."""
-    ctx.comm.Allreduce(MPI.IN_PLACE, work, op=red.mpi_op)
+    ctx.comm.Allreduce(MPI.IN_PLACE if source is None else source, work, op=red.mpi_op)
     red.finish(work, ctx.size)

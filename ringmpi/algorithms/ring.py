@@ -45,8 +45,12 @@ SEGMENT_BYTES = 1 << 20
 
 
 @register("ring")
-def ring_allreduce(work: np.ndarray, red: Reduction, ctx: Context) -> None:
+def ring_allreduce(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
     """Ring all-reduce: reduce-scatter then all-gather, Sendrecv with the ring neighbours."""
+    if source is not None:
+        np.copyto(work, source)
     run_ring(work, red, ctx)
 
 

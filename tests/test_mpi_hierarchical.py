@@ -67,6 +67,21 @@ def expected_inter_node_bytes(
     return sent, steps
 
 
+def expected_shared_bytes(
+    rank: int, nranks: int, k: int, placement: str, count: int, itemsize: int
+):
+    """(bytes stored to, bytes loaded from) the node's window, from the definitions."""
+    node = next(n for n in expected_nodes(nranks, k, placement) if rank in n)
+    size = len(node)
+    slices = max(len(n) for n in expected_nodes(nranks, k, placement))
+    bounds = chunk_bounds(count, slices)
+    loaded = 0
+    for j in range(slices):
+        span = (bounds[j + 1] - bounds[j]) * itemsize
+        loaded += span * (size - 1) if j % size == node.index(rank) else span
+    return count * itemsize, loaded
+
+
 def _call(op, send, in_place):
     if in_place:
         buf = send.copy()
@@ -141,9 +156,12 @@ def test_trace_counts_inter_node_traffic(nodes, count):
         problems.append(f"traced {(t.bytes_sent, t.steps)}, closed form {(sent, steps)}")
     if any(e.algorithm != "hierarchical" or "inter-node" not in e.phase for e in t.events):
         problems.append("events not labelled as hierarchical inter-node traffic")
-    # The shared-memory phase: the contribution and the copy-out at least, never messages.
-    if count and (t.shared_written < 8 * count or t.shared_read < 8 * count):
-        problems.append(f"shared memory traffic {t.shared_written}, {t.shared_read} too small")
+    # The shared-memory phase: every slice of this rank's segment is stored once (its
+    # contribution where others need it, its results where it owns the slice); it loads
+    # the L-1 other contributions of its slices and the other owners' results.
+    shared = expected_shared_bytes(rank, n, *nodes, count, 8)
+    if (t.shared_written, t.shared_read) != shared:
+        problems.append(f"shared memory {(t.shared_written, t.shared_read)}, expected {shared}")
     if not np.all(x == n):
         problems.append("wrong result")
     agree(WORLD, problems)

@@ -35,10 +35,14 @@ __all__ = [
     "Cost",
     "Step",
     "chunk_bounds",
+    "hierarchical_plan",
     "main",
+    "owned_slices",
     "ring_steps",
+    "simulate_hierarchical",
     "simulate_naive",
     "simulate_ring",
+    "virtual_node",
 ]
 
 REDUCE_SCATTER = "reduce-scatter"
@@ -163,6 +167,110 @@ def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
     return Cost(nranks, count, itemsize, bytes_sent, [nranks - 1] * nranks, messages)
 
 
+# --- the hierarchical plan -----------------------------------------------------
+
+
+def virtual_node(rank: int, nranks: int, per_node: int, placement: str) -> int:
+    """The emulated node of ``rank``: nodes of ``per_node`` consecutive ranks (block)
+    or rank modulo the number of nodes (cyclic, as ``--map-by node`` places them)."""
+    if placement == "block":
+        return rank // per_node
+    return rank % -(-nranks // per_node)
+
+
+def owned_slices(local_rank: int, local_size: int, nslices: int) -> list[int]:
+    """The slices a local rank reduces and rings: every ``local_size``-th from its own."""
+    return [j for j in range(nslices) if j % local_size == local_rank]
+
+
+@dataclass
+class HierarchicalPlan:
+    """Nodes, slices and rails of the hierarchical algorithm for emulated nodes."""
+
+    nodes: list[list[int]]  # ranks of each node, nodes ordered by their lowest rank
+    nslices: int  # the largest node's size
+    rails: list[list[int]]  # rail j: the owner of slice j on each node, in ring order
+
+
+def hierarchical_plan(nranks: int, per_node: int, placement: str = "block") -> HierarchicalPlan:
+    groups: dict[int, list[int]] = {}
+    for r in range(nranks):
+        groups.setdefault(virtual_node(r, nranks, per_node, placement), []).append(r)
+    nodes = sorted(groups.values())
+    nslices = max(len(n) for n in nodes)
+    rails = [[n[j % len(n)] for n in nodes] for j in range(nslices)]
+    return HierarchicalPlan(nodes, nslices, rails)
+
+
+@dataclass
+class HierarchicalCost:
+    inter_bytes: list[int]  # per rank, sent over the rails
+    inter_steps: list[int]  # per rank, serial: 2(M-1) per rail it runs
+    shared_stored: list[int]  # per rank, bytes stored to the node's window
+    shared_loaded: list[int]  # per rank, bytes loaded from it
+
+
+def simulate_hierarchical(
+    nranks: int, per_node: int, placement: str, count: int, itemsize: int = 1
+) -> HierarchicalCost:
+    """Count the hierarchical algorithm's traffic by running its plan on simulated ranks.
+
+    The rails run the ring's own simulator, and the simulated contributions are
+    checked: every slice ends complete, each rank's contribution counted once.
+    """
+    plan = hierarchical_plan(nranks, per_node, placement)
+    bounds = chunk_bounds(count, plan.nslices)
+    cost = HierarchicalCost(*([0] * nranks for _ in range(4)))
+    for node in plan.nodes:
+        for local, r in enumerate(node):
+            owned = owned_slices(local, len(node), plan.nslices)
+            for j in range(plan.nslices):
+                span = (bounds[j + 1] - bounds[j]) * itemsize
+                cost.shared_stored[r] += span  # a contribution or a result, once each
+                cost.shared_loaded[r] += span * (len(node) - 1) if j in owned else span
+    everyone = set(range(nranks))
+    for j, rail in enumerate(plan.rails):
+        length = bounds[j + 1] - bounds[j]
+        ring, _, held = simulate_ring(len(rail), length, itemsize)
+        for p, r in enumerate(rail):
+            cost.inter_bytes[r] += ring.bytes_sent[p]
+            cost.inter_steps[r] += ring.steps[p]
+        # Rail position p brings node p's sum; the ring must leave every position with
+        # every node's sum, and the nodes partition the ranks: each counted once.
+        m = len(rail)
+        for p in range(m):
+            assert all(chunk == set(range(m)) for chunk in held[p]), (j, p)
+    assert sorted(r for node in plan.nodes for r in node) == sorted(everyone)
+    return cost
+
+
+def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) -> str:
+    plan = hierarchical_plan(nranks, per_node, placement)
+    h = simulate_hierarchical(nranks, per_node, placement, count)
+    ring, _, _ = simulate_ring(nranks, count)
+    lines = [f"hierarchical plan for N={nranks}, {per_node} ranks per node, {placement}:"]
+    lines.append("  nodes: " + " ".join("[" + ",".join(map(str, n)) + "]" for n in plan.nodes))
+    for j, rail in enumerate(plan.rails):
+        lines.append(f"  slice {j}: rail " + " -> ".join(map(str, rail)))
+    lines.append("")
+    lines.append(f"cost for a buffer of {count} elements (counted by simulation)")
+    lines.append(f"  {'':<44}{'hierarchical':>14}{'flat ring':>12}")
+    rows = [
+        ("inter-node bytes per rank / buffer (max)", max(h.inter_bytes) / count,
+         ring.max_bytes_ratio, ".2f"),
+        ("serial inter-node steps (max)", max(h.inter_steps), max(ring.steps), "d"),
+        ("shared-memory bytes stored per rank / buffer", max(h.shared_stored) / count, 0, ".2f"),
+        ("shared-memory bytes loaded per rank / buffer", max(h.shared_loaded) / count, 0, ".2f"),
+    ]  # fmt: skip
+    for name, a, b, fmt in rows:
+        lines.append(f"  {name:<44}{a:>14{fmt}}{b:>12{fmt}}")
+    lines.append(
+        f"  (flat ring: every message, {2 * (nranks - 1)} serial steps; hierarchical: "
+        f"{len(plan.nodes)} nodes, 2(M-1) = {2 * (len(plan.nodes) - 1)} steps per rail)"
+    )
+    return "\n".join(lines)
+
+
 def _step_table(nranks: int) -> str:
     plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
     head = "phase           step " + " ".join(f"{'rank ' + str(r):>9}" for r in range(nranks))
@@ -199,10 +307,22 @@ def main(argv: list[str] | None = None) -> int:
         "--count", type=int, default=None, help="buffer elements to simulate (default 1024*N)"
     )
     parser.add_argument("--no-steps", action="store_true", help="print only the cost table")
+    parser.add_argument(
+        "--ranks-per-node",
+        type=int,
+        metavar="K",
+        help="also print the hierarchical plan for emulated nodes of K ranks",
+    )
+    parser.add_argument("--node-placement", choices=("block", "cyclic"), default="block")
     args = parser.parse_args(argv)
     if args.nranks < 1:
         parser.error("N must be at least 1")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        parser.error("--ranks-per-node must be at least 1")
     count = args.count if args.count is not None else 1024 * args.nranks
+    if args.ranks_per_node is not None:
+        print(_hierarchical_table(args.nranks, args.ranks_per_node, args.node_placement, count))
+        return 0
     if not args.no_steps:
         print(_step_table(args.nranks))
         print()

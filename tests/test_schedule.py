@@ -8,8 +8,11 @@ from ringmpi.schedule import (
     ALL_GATHER,
     REDUCE_SCATTER,
     chunk_bounds,
+    hierarchical_plan,
     main,
+    owned_slices,
     ring_steps,
+    simulate_hierarchical,
     simulate_naive,
     simulate_ring,
 )
@@ -113,3 +116,36 @@ def test_cli_prints_the_tables(capsys):
     assert "naive bytes per rank / buffer        63.00" in out
     assert "serial steps                           126" in out
     assert "chunk sends, all ranks                8064" in out
+
+
+@pytest.mark.parametrize("placement", ["block", "cyclic"])
+@pytest.mark.parametrize("per_node", [1, 2, 3, 4])
+@pytest.mark.parametrize("nranks", range(1, 9))
+def test_hierarchical_plan_and_counted_cost(nranks, per_node, placement):
+    plan = hierarchical_plan(nranks, per_node, placement)
+    assert sorted(r for n in plan.nodes for r in n) == list(range(nranks))
+    assert len(plan.nodes) == -(-nranks // per_node)
+    assert all(len(n) <= per_node for n in plan.nodes)
+    # Rail j holds one rank per node: the owner of slice j there.
+    for j, rail in enumerate(plan.rails):
+        assert [n.index(r) for n, r in zip(plan.nodes, rail, strict=True)] == [
+            j % len(n) for n in plan.nodes
+        ]
+    count = 40320  # 8!: every slice and every rail chunk even, so the closed forms are exact
+    cost = simulate_hierarchical(nranks, per_node, placement, count)
+    m, s = len(plan.nodes), plan.nslices
+    for node in plan.nodes:
+        for local, r in enumerate(node):
+            owned = len(owned_slices(local, len(node), s))
+            assert cost.inter_steps[r] == owned * 2 * (m - 1)
+            assert cost.inter_bytes[r] == owned * 2 * (m - 1) * count // (s * m)
+            assert cost.shared_stored[r] == count
+            assert cost.shared_loaded[r] == count - owned * count // s * (2 - len(node))
+
+
+def test_hierarchical_cli(capsys):
+    assert main(["8", "--ranks-per-node", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "nodes: [0,1,2] [3,4,5] [6,7]" in out
+    assert "slice 2: rail 2 -> 5 -> 6" in out
+    assert "serial inter-node steps (max)                            8          14" in out

@@ -46,7 +46,7 @@ from mpi4py import MPI
 from .. import _trace
 from .._comm import Context
 from ..kernels import Reduction, reduction
-from ..schedule import chunk_bounds
+from ..schedule import chunk_bounds, owned_slices, virtual_node
 from . import register
 from .ring import run_ring
 
@@ -103,15 +103,13 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
         node = real
     else:
         # Virtual nodes of k ranks, inside the real ones (their ranks share memory).
-        nodes_wanted = -(-size // k)
-        virtual = rank // k if placement == "block" else rank % nodes_wanted
-        node = real.Split(virtual, rank)
+        node = real.Split(virtual_node(rank, size, k, placement), rank)
         real.Free()
     local_rank, local_size = node.Get_rank(), node.Get_size()
     leader = node.bcast(rank, root=0)  # names the node: its lowest rank
     nodes = comm.allreduce(1 if local_rank == 0 else 0)
     slices = comm.allreduce(local_size, op=MPI.MAX)
-    owned = [j for j in range(slices) if j % local_size == local_rank]
+    owned = owned_slices(local_rank, local_size, slices)
     rails: dict[int, Context] = {}
     members: dict[int, list[int]] = {}
     for j in range(slices):

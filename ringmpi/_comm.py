@@ -15,6 +15,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from ._settings import choice
 from .kernels import Reduction, decode_tag
 from .schedule import Step, ring_steps
 
@@ -122,10 +123,7 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
 
 
 def _wait_policy() -> str:
-    policy = os.environ.get("RINGMPI_WAIT", "auto") or "auto"
-    if policy not in ("auto", "spin", "sleep"):
-        raise ValueError(f"RINGMPI_WAIT must be auto, spin or sleep, not {policy!r}")
-    return policy
+    return choice("RINGMPI_WAIT", ("auto", "spin", "sleep"))
 
 
 def _sleepy(comm: MPI.Intracomm, policy: str) -> bool:

@@ -37,7 +37,6 @@ bitwise identical on every rank.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,10 +44,13 @@ from mpi4py import MPI
 
 from .. import _trace
 from .._comm import Context
+from .._settings import choice, positive_int
 from ..kernels import Reduction, reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
 from . import register
 from .ring import run_ring
+
+PLACEMENTS = ("block", "cyclic")
 
 # Elements per tile of the in-node reduction: the accumulator tile stays in L2.
 _TILE_BYTES = 256 * 1024
@@ -75,19 +77,7 @@ class Layout:
 
 def node_settings() -> tuple[int | None, str]:
     """``RINGMPI_RANKS_PER_NODE`` and ``RINGMPI_NODE_PLACEMENT``, checked."""
-    text = os.environ.get("RINGMPI_RANKS_PER_NODE", "")
-    k = None
-    if text:
-        try:
-            k = int(text)
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise ValueError(f"RINGMPI_RANKS_PER_NODE must be a whole number >= 1, not {text!r}")
-    placement = os.environ.get("RINGMPI_NODE_PLACEMENT", "block") or "block"
-    if placement not in ("block", "cyclic"):
-        raise ValueError(f"RINGMPI_NODE_PLACEMENT must be block or cyclic, not {placement!r}")
-    return k, placement
+    return positive_int("RINGMPI_RANKS_PER_NODE"), choice("RINGMPI_NODE_PLACEMENT", PLACEMENTS)
 
 
 def layout(ctx: Context, k: int | None, placement: str) -> Layout:

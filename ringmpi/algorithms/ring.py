@@ -27,7 +27,6 @@ no message is ever received into more memory than the chunk it belongs to.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,6 +35,7 @@ from mpi4py import MPI
 from .. import _trace
 from .._comm import Context
 from .._errors import RingMPIError
+from .._settings import positive_int
 from ..kernels import Reduction
 from ..schedule import REDUCE_SCATTER, Step, chunk_bounds
 from . import register
@@ -101,16 +101,7 @@ def run_ring(
 
 def segment_bytes() -> int:
     """The reduce-scatter segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
-    text = os.environ.get("RINGMPI_SEGMENT_BYTES", "")
-    if not text:
-        return SEGMENT_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"RINGMPI_SEGMENT_BYTES must be a number of bytes >= 1, not {text!r}")
-    return value
+    return positive_int("RINGMPI_SEGMENT_BYTES") or SEGMENT_BYTES
 
 
 class _Ring:

@@ -12,9 +12,8 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    owns slices i, i + L, .... Every rank copies the slices it does not own into
    its segment of an MPI shared-memory window of the node (its contribution
    lands in node memory once, and only where another rank needs it). Each
-   owner reduces its slices over all L contributions in L2-sized tiles, so
-   memory sees L reads and one write per element, and publishes the result in
-   its segment.
+   owner reduces its slices over all L contributions with the Numba kernels
+   and publishes the result in its segment.
 2. The owners of slice j on every node form rail j and run the ring on it:
    2(M-1) serial inter-node steps moving 2(M-1)/M of the slice. All L rails of
    a node run at once, so every link of a node carries traffic (Horovod's
@@ -51,9 +50,6 @@ from . import register
 from .ring import run_ring
 
 PLACEMENTS = ("block", "cyclic")
-
-# Elements per tile of the in-node reduction: the accumulator tile stays in L2.
-_TILE_BYTES = 256 * 1024
 
 
 @dataclass
@@ -115,17 +111,29 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
 
 
 class _Window:
-    """A node's shared-memory window: one segment per local rank, reused across calls."""
+    """A node's shared-memory window: one segment per local rank, reused across calls.
+
+    MPI allocates the segments contiguously, in local-rank order (the default
+    without ``alloc_shared_noncontig``); each is padded to 64 bytes, so the whole
+    window is one C-contiguous 2-D array (local ranks x bytes) that the
+    multi-input kernel reads directly.
+    """
 
     def __init__(self, node: MPI.Intracomm, nbytes: int) -> None:
         self.nbytes = nbytes
-        self.win = MPI.Win.Allocate_shared(max(nbytes, 1), 1, comm=node)
+        stride = -(-max(nbytes, 1) // 64) * 64
+        self.win = MPI.Win.Allocate_shared(stride, 1, comm=node)
         self.win.Lock_all(MPI.MODE_NOCHECK)
         self.node = node
-        self.segments = []
-        for r in range(node.Get_size()):
+        base, _ = self.win.Shared_query(0)
+        first = np.frombuffer(base, np.uint8, count=stride)
+        for r in range(1, node.Get_size()):
             buf, _ = self.win.Shared_query(r)
-            self.segments.append(np.frombuffer(buf, np.uint8, count=nbytes))
+            if np.frombuffer(buf, np.uint8, count=1).ctypes.data != first.ctypes.data + r * stride:
+                raise RuntimeError("the MPI library did not lay the shared window out contiguously")
+        self.rows = np.lib.stride_tricks.as_strided(
+            first, shape=(node.Get_size(), stride), strides=(stride, 1), writeable=True
+        )
 
     def sync(self) -> None:
         """Order this phase's stores before the next phase's loads, on every local rank."""
@@ -134,7 +142,7 @@ class _Window:
         self.win.Sync()
 
     def free(self) -> None:
-        self.segments = []
+        self.rows = None
         self.win.Unlock_all()
         self.win.Free()
 
@@ -162,12 +170,10 @@ def hierarchical_allreduce(
     src = work if source is None else source
     nbytes, dt = work.nbytes, work.dtype
     win = _window(ctx, lay, nbytes)
-    segs = [s[:nbytes].view(dt) for s in win.segments]
-    mine = segs[lay.local_rank]
+    rows = win.rows.view(dt)  # local ranks x elements, C-contiguous
+    mine = rows[lay.local_rank]
     bounds = chunk_bounds(work.size, lay.slices)
     owned = set(lay.owned)
-    others = [seg for r, seg in enumerate(segs) if r != lay.local_rank]
-    tile = max(1, _TILE_BYTES // dt.itemsize)
     # AVG sums across nodes and divides once, by the slice's owner.
     across = reduction(MPI.SUM, dt) if red.name == "avg" else red
     stored = loaded = 0
@@ -180,38 +186,37 @@ def hierarchical_allreduce(
             stored += (bounds[j + 1] - bounds[j]) * dt.itemsize
     win.sync()
 
-    # (2) Reduce each owned slice tile by tile, the accumulator in cache: this rank's
-    # part, then the others' in local-rank order, so memory sees L reads and one
-    # write per element. Across nodes, the slice goes around its rail in `work`.
-    single_node = lay.nodes == 1
+    # (2) Reduce each owned slice over the L contributions (this rank's from `src`,
+    # then the others' from the window in local-rank order) into the window for the
+    # other local ranks, and copy it to `work` for this one. Across nodes the slice
+    # is reduced in `work`, goes around its rail, then is published. (A fused
+    # one-pass Numba kernel measured no faster than these whole-slice passes at
+    # L = 2; it would save memory traffic from L = 3 on.)
+    others = [rows[r] for r in range(lay.local_size) if r != lay.local_rank]
     for j in lay.owned:
         lo, hi = bounds[j], bounds[j + 1]
-        out = mine if single_node else work
-        for t0 in range(lo, hi, tile):
-            t1 = min(t0 + tile, hi)
-            acc = out[t0:t1]
-            acc[:] = src[t0:t1]
-            for seg in others:
-                red.combine(acc, seg[t0:t1])
-            if single_node:
-                red.finish(acc, ctx.size)
-                work[t0:t1] = acc  # still in cache
-        loaded += (hi - lo) * dt.itemsize * len(others)
-        if not single_node:
-            piece = work[lo:hi]
+        acc = mine[lo:hi] if lay.nodes == 1 else work[lo:hi]
+        acc[:] = src[lo:hi]
+        for row in others:
+            red.combine(acc, row[lo:hi])
+        if lay.nodes > 1:
             run_ring(
-                piece, across, lay.rails[j], algorithm="hierarchical",
+                acc, across, lay.rails[j], algorithm="hierarchical",
                 phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
             )  # fmt: skip
-            red.finish(piece, ctx.size)
-            mine[lo:hi] = piece
+        red.finish(acc, ctx.size)
+        if lay.nodes == 1:
+            work[lo:hi] = acc
+        else:
+            mine[lo:hi] = acc
+        loaded += (hi - lo) * dt.itemsize * len(others)
         stored += (hi - lo) * dt.itemsize
     win.sync()
 
     # (3) Copy out the slices the other local ranks finished.
     for j in range(lay.slices):
         if j not in owned:
-            owner = segs[j % lay.local_size]
+            owner = rows[j % lay.local_size]
             work[bounds[j] : bounds[j + 1]] = owner[bounds[j] : bounds[j + 1]]
             loaded += (bounds[j + 1] - bounds[j]) * dt.itemsize
     if _trace._active:

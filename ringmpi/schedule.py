@@ -38,6 +38,7 @@ __all__ = [
     "hierarchical_plan",
     "main",
     "owned_slices",
+    "plot_hierarchical",
     "ring_steps",
     "simulate_hierarchical",
     "simulate_naive",
@@ -271,6 +272,47 @@ def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) 
     return "\n".join(lines)
 
 
+def plot_hierarchical(nranks: int, per_node: int, placement: str, count: int, path: str) -> None:
+    """Draw the plan and its counted cost to ``path`` (PNG; needs matplotlib)."""
+    import matplotlib  # noqa: PLC0415 - optional, only for this picture
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    plan = hierarchical_plan(nranks, per_node, placement)
+    cost = simulate_hierarchical(nranks, per_node, placement, count)
+    ring, _, _ = simulate_ring(nranks, count)
+    width = max(len(n) for n in plan.nodes)
+    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(plan.nodes), 1.8 + 0.75 * width))
+    where = {}
+    for x, node in enumerate(plan.nodes):
+        ax.add_patch(plt.Rectangle((x - 0.4, -0.6), 0.8, width + 0.2, fill=False, lw=1.5))
+        ax.text(x, width - 0.2, f"node {x}", ha="center", va="bottom", fontsize=9)
+        for y, r in enumerate(node):
+            where[r] = (x, width - 1 - y)
+            ax.text(*where[r], f"rank {r}", ha="center", va="center", fontsize=8,
+                    bbox={"boxstyle": "round", "fc": "white"})  # fmt: skip
+    colors = plt.get_cmap("tab10")
+    for j, rail in enumerate(plan.rails):
+        xs = [where[r][0] for r in rail]
+        ys = [where[r][1] - 0.22 + 0.08 * j for r in rail]
+        ax.plot(xs, ys, "-o", color=colors(j % 10), ms=3, lw=1.5, label=f"rail of slice {j}")
+    ax.set_xlim(-0.8, len(plan.nodes) - 0.2)
+    ax.set_ylim(-1.0, width + 0.6)
+    ax.axis("off")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(4, plan.nslices),
+              fontsize=7, frameon=False)  # fmt: skip
+    ax.set_title(
+        f"N={nranks}, {per_node} per node ({placement}): inter-node bytes/rank "
+        f"{max(cost.inter_bytes) / count:.2f} D in {max(cost.inter_steps)} steps; "
+        f"flat ring {ring.max_bytes_ratio:.2f} D in {max(ring.steps)}",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _step_table(nranks: int) -> str:
     plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
     head = "phase           step " + " ".join(f"{'rank ' + str(r):>9}" for r in range(nranks))
@@ -314,14 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the hierarchical plan for emulated nodes of K ranks",
     )
     parser.add_argument("--node-placement", choices=("block", "cyclic"), default="block")
+    parser.add_argument("--plot", metavar="PNG", help="with --ranks-per-node: draw the plan")
     args = parser.parse_args(argv)
     if args.nranks < 1:
         parser.error("N must be at least 1")
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         parser.error("--ranks-per-node must be at least 1")
     count = args.count if args.count is not None else 1024 * args.nranks
+    if args.plot is not None and args.ranks_per_node is None:
+        parser.error("--plot draws the hierarchical plan: give --ranks-per-node too")
     if args.ranks_per_node is not None:
-        print(_hierarchical_table(args.nranks, args.ranks_per_node, args.node_placement, count))
+        layout = (args.nranks, args.ranks_per_node, args.node_placement, count)
+        print(_hierarchical_table(*layout))
+        if args.plot:
+            plot_hierarchical(*layout, args.plot)
         return 0
     if not args.no_steps:
         print(_step_table(args.nranks))

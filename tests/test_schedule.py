@@ -149,3 +149,14 @@ def test_hierarchical_cli(capsys):
     assert "nodes: [0,1,2] [3,4,5] [6,7]" in out
     assert "slice 2: rail 2 -> 5 -> 6" in out
     assert "serial inter-node steps (max)                            8          14" in out
+
+
+def test_hierarchical_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "plan.png"
+    assert (
+        main(["5", "--ranks-per-node", "2", "--node-placement", "cyclic", "--plot", str(png)]) == 0
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        main(["5", "--plot", str(png)])  # a picture of the hierarchical plan needs K

@@ -12,6 +12,8 @@ VENV ?= .venv$(if $(filter-out mpich,$(MPI)),-$(MPI))
 PY := $(VENV)/bin/python
 NP ?= 4
 RANKS ?= 1 2 3 4 5
+# The hierarchical algorithm's layouts (emulated nodes of 1-4, block and cyclic) up to 8 ranks.
+HIER_RANKS ?= 6 7 8
 # Wall-clock bound on each mpirun of the suite: a hung test fails, CI never stalls.
 SUITE_TIMEOUT ?= 1200
 
@@ -50,12 +52,15 @@ test-unit: $(VENV)/.ok-test
 	$(PY) -m ringmpi.kernels --warm
 	$(PY) -m pytest tests -m "not mpi"
 
-# The MPI suite at every rank count; odd and non-power-of-two counts give uneven chunks.
+# The MPI suite at 1-5 ranks (odd and non-power-of-two counts give uneven chunks), then
+# the hierarchical layouts at 6-8.
 test-mpi: $(VENV)/.ok-test
-	@for n in $(RANKS); do \
-	  echo "== MPI suite at $$n rank(s) =="; \
+	@for run in $(foreach n,$(RANKS),$(n):tests) \
+	            $(foreach n,$(HIER_RANKS),$(n):tests/test_mpi_hierarchical.py); do \
+	  n=$${run%%:*}; what=$${run#*:}; \
+	  echo "== $$what at $$n rank(s) =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m mpi tests \
+	    $(PY) -m pytest --with-mpi -m mpi $$what \
 	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
 	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
 	done

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -12,6 +11,7 @@ from mpi4py.util import dtlib
 from . import _trace, algorithms
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
+from ._settings import flag
 from .kernels import Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "allreduce"]
@@ -157,7 +157,7 @@ def _run(
     ctx = context(comm)
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx)
     if validate is None:
-        validate = os.environ.get("RINGMPI_VALIDATE", "") not in ("", "0")
+        validate = flag("RINGMPI_VALIDATE")
     if validate:
         _validate(ctx, count, red, algo.name)
 

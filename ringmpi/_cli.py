@@ -27,7 +27,7 @@ from mpi4py import MPI
 import ringmpi
 
 from . import _trace, algorithms
-from ._comm import context, sleepy_barrier
+from ._comm import Context, context, sleepy_barrier
 from .algorithms.hierarchical import node_settings
 from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
 
@@ -91,28 +91,24 @@ def _abort_on_exception(comm: MPI.Comm) -> None:
     sys.excepthook = hook
 
 
-def _warm(comm: MPI.Intracomm, red: Any) -> float:
+def _warm(ctx: Context, red: Any) -> float:
     """Load the kernels; one rank per node compiles into Numba's cache, the others then load.
 
     Returns the slowest node leader's first-call time (compile, or cache load).
     """
-    # Sleepy barriers: ranks that spin would take the CPU from ranks still starting.
-    sleepy_barrier(comm)  # every rank has started
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    first = node.Get_rank() == 0
+    # Sleepy barriers: ranks that spin would take the CPU from ranks still compiling.
+    first = ctx.node.Get_rank() == 0
     took = red.warm() if first else 0.0
-    sleepy_barrier(node)
+    sleepy_barrier(ctx.node)
     if not first:
         red.warm()
-    sleepy_barrier(node)
-    node.Free()
-    return comm.allreduce(took, op=MPI.MAX)
+    sleepy_barrier(ctx.node)
+    return ctx.comm.allreduce(took, op=MPI.MAX)
 
 
-def _header(comm: MPI.Intracomm, compile_s: float, args: argparse.Namespace) -> dict:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
-    node.Free()
+def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:
+    comm = ctx.comm
+    nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
     per_node, placement = node_settings()
     lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
     return {
@@ -243,9 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_usage(sys.stderr)
             sys.stderr.write(f"{parser.prog}: error: {exc}\n")
         return 2
-    compile_s = _warm(comm, red)
+    # A sleepy barrier first: ranks that spin in MPI would take the CPU from ranks
+    # still starting up (64 ranks on 2 cores import for tens of seconds).
+    sleepy_barrier(comm)
     ctx = context(comm)
-    header = _header(comm, compile_s, args)
+    compile_s = _warm(ctx, red)
+    header = _header(ctx, compile_s, args)
     if rank == 0:
         print(f"# ringmpi {header['ringmpi']}: all-reduce benchmark and verification")
         emulated = ""

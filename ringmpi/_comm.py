@@ -44,7 +44,10 @@ class Context:
         self._scratch = np.empty(0, np.uint8)
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}
-        self.sleepy = _sleepy(self.comm, policy)
+        # This rank's shared-memory node: it decides how to wait, and the
+        # hierarchical algorithm and the CLI build on it.
+        self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.sleepy = policy == "sleep" or (policy == "auto" and _crowded(self.node))
         # Message tags carry the (op, dtype) code below 1024 and, above it, the count
         # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
@@ -110,6 +113,8 @@ class Context:
         for item in reversed(list(self.extra.values())):
             item.free()
         self.extra.clear()
+        if self.node != MPI.COMM_NULL:
+            self.node.Free()
         if self.comm != MPI.COMM_NULL:
             self.comm.Free()
         self._scratch = np.empty(0, np.uint8)
@@ -126,11 +131,8 @@ def _wait_policy() -> str:
     return choice("RINGMPI_WAIT", ("auto", "spin", "sleep"))
 
 
-def _sleepy(comm: MPI.Intracomm, policy: str) -> bool:
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    crowded = node.Get_size() >= _CROWDED * (os.cpu_count() or 1)
-    node.Free()
-    return policy == "sleep" or (policy == "auto" and crowded)
+def _crowded(node: MPI.Intracomm) -> bool:
+    return node.Get_size() >= _CROWDED * (os.cpu_count() or 1)
 
 
 def _delete(comm: MPI.Comm, keyval: int, ctx: Context) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["choice", "positive_int"]
+__all__ = ["choice", "flag", "positive_int"]
 
 
 def positive_int(name: str) -> int | None:
@@ -28,3 +28,8 @@ def choice(name: str, options: tuple[str, ...]) -> str:
         allowed = ", ".join(options[:-1]) + f" or {options[-1]}"
         raise ValueError(f"{name} must be {allowed}, not {value!r}")
     return value
+
+
+def flag(name: str) -> bool:
+    """Environment variable ``name`` as a switch: unset, empty or ``0`` is off."""
+    return os.environ.get(name, "") not in ("", "0")

@@ -64,11 +64,13 @@ class Layout:
     owned: list[int]  # the slices this rank reduces and rings
     rails: dict[int, Context]  # slice -> context of its rail (the owners across nodes)
     rail_members: dict[int, list[int]]  # slice -> comm ranks of that rail, in ring order
+    owns_node: bool  # an emulated node's communicator, not the context's real node
 
     def free(self) -> None:
         for rail in self.rails.values():
             rail.free()
-        self.node.Free()
+        if self.owns_node:
+            self.node.Free()
 
 
 def node_settings() -> tuple[int | None, str]:
@@ -84,13 +86,8 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
         return found
     comm = ctx.comm
     rank, size = ctx.rank, ctx.size
-    real = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-    if k is None:
-        node = real
-    else:
-        # Virtual nodes of k ranks, inside the real ones (their ranks share memory).
-        node = real.Split(virtual_node(rank, size, k, placement), rank)
-        real.Free()
+    # Emulated nodes of k ranks are cut out of the real ones (their ranks share memory).
+    node = ctx.node if k is None else ctx.node.Split(virtual_node(rank, size, k, placement), rank)
     local_rank, local_size = node.Get_rank(), node.Get_size()
     leader = node.bcast(rank, root=0)  # names the node: its lowest rank
     nodes = comm.allreduce(1 if local_rank == 0 else 0)
@@ -105,7 +102,9 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
             rails[j] = Context(rail)
             members[j] = rail.allgather(rank)
             rail.Free()
-    found = Layout(node, local_rank, local_size, nodes, slices, owned, rails, members)
+    found = Layout(
+        node, local_rank, local_size, nodes, slices, owned, rails, members, k is not None
+    )
     ctx.extra[key] = found
     return found
 

@@ -1,9 +1,13 @@
 """Reduce kernels: the one module that knows dtypes and ops.
 
-Every kernel is a Numba-jitted loop ``acc[i] = acc[i] (op) inp[i]`` over two
-1-D arrays of one dtype: memory-bound, one read of each input and one write,
-compiled once per dtype and kept in Numba's on-disk cache so that later runs
-(and the other ranks of this one) load it instead of compiling it.
+Each op has two Numba-jitted kernels, built from one element function and two
+loops written once: ``combine`` (``acc[i] = acc[i] (op) inp[i]``, the ring's
+reduce step) and ``fold`` (one rank's contribution and every other local
+rank's slot of a shared window reduced into one or two outputs, the
+hierarchical algorithm's). Both are memory-bound -- one read of each input, one
+write of each output -- compiled once per dtype and kept in Numba's on-disk
+cache so that later runs (and the other ranks of this one) load them instead of
+compiling them.
 
 The rest of the package asks this module for a :class:`Reduction` -- the
 checked (op, dtype) pair -- and never branches on dtype or op itself.
@@ -25,6 +29,7 @@ __all__ = [
     "DTYPES",
     "OPS",
     "Reduction",
+    "copy",
     "count_wrong",
     "op_from_name",
     "reduction",
@@ -33,17 +38,242 @@ __all__ = [
 ]
 
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+# An op on two elements, inlined (at Numba IR level) into every kernel that uses it.
+_element = numba.njit(inline="always")
 
 
-# --- kernels -----------------------------------------------------------------
+# --- the ops on two elements ---------------------------------------------------
 # Integer inputs are promoted by Numba's typing and the store truncates them
 # back, so integer arithmetic wraps exactly as MPI and NumPy wrap it.
 
 
+@_element
+def _add(x, y):
+    return x + y
+
+
+@_element
+def _mul(x, y):
+    return x * y
+
+
+@_element
+def _greater(x, y):
+    # NaN wins, as in np.maximum; for integers the y != y test folds away.
+    return y if y > x or y != y else x  # noqa: PLR0124 (a NaN test that also compiles for integers)
+
+
+@_element
+def _lesser(x, y):
+    return y if y < x or y != y else x  # noqa: PLR0124
+
+
+@_element
+def _and(x, y):
+    return (x != 0) and (y != 0)
+
+
+@_element
+def _or(x, y):
+    return (x != 0) or (y != 0)
+
+
+@_element
+def _xor(x, y):
+    return (x != 0) != (y != 0)
+
+
+@_element
+def _bitand(x, y):
+    return x & y
+
+
+@_element
+def _bitor(x, y):
+    return x | y
+
+
+@_element
+def _bitxor(x, y):
+    return x ^ y
+
+
+# --- the loops, written once and inlined into each op's kernels ---------------
+
+
+@_element
+def _apply(acc, inp, op):
+    """``acc = acc (op) inp`` in place: one read of each input, one write."""
+    for i in range(acc.size):
+        acc[i] = op(acc[i], inp[i])
+
+
+@_element
+def _fold(out, copy, src, window, stride, offset, skip, ranks, op):
+    """``out = copy = src (op) slot k`` over every rank k != skip, in rank order.
+
+    The shared-memory reduce. ``window`` is a node's shared window seen as one
+    flat array, rank k's segment starting at ``k * stride``; slot k is the
+    ``out.size`` elements at ``offset`` in that segment. ``src`` is this rank's
+    own contribution and may be ``out`` itself (in place); ``copy`` may be
+    empty (no second output). One pass per other rank, the last one writing
+    both outputs; no loop reads an array it does not index exactly as it
+    writes, so LLVM vectorizes every one.
+    """
+    n = out.size
+    last = ranks - 1 if skip != ranks - 1 else ranks - 2
+    first = src.ctypes.data != out.ctypes.data  # the first pass reads src
+    if last < 0:  # nobody else on this node
+        if first:
+            for i in range(n):
+                out[i] = src[i]
+        for i in range(copy.size):
+            copy[i] = out[i]
+        return
+    for k in range(ranks):
+        if k == skip:
+            continue
+        inp = window[k * stride + offset : k * stride + offset + n]
+        both = k == last and copy.size > 0
+        if first and both:
+            for i in range(n):
+                v = op(src[i], inp[i])
+                out[i] = v
+                copy[i] = v
+        elif first:
+            for i in range(n):
+                out[i] = op(src[i], inp[i])
+        elif both:
+            for i in range(n):
+                v = op(out[i], inp[i])
+                out[i] = v
+                copy[i] = v
+        else:
+            for i in range(n):
+                out[i] = op(out[i], inp[i])
+        first = False
+
+
+# --- the kernels: a (combine, fold) pair per op ------------------------------
+# Numba's on-disk cache keys a kernel by its module-level name, so every op has
+# its own two small kernels (a kernel taking the op as an argument, or made in a
+# closure, is not cached).
+
+
 @_jit
 def _sum(acc, inp):
-    for i in range(acc.size):
-        acc[i] = acc[i] + inp[i]
+    _apply(acc, inp, _add)
+
+
+@_jit
+def _sum_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _add)
+
+
+@_jit
+def _prod(acc, inp):
+    _apply(acc, inp, _mul)
+
+
+@_jit
+def _prod_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _mul)
+
+
+@_jit
+def _max(acc, inp):
+    _apply(acc, inp, _greater)
+
+
+@_jit
+def _max_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _greater)
+
+
+@_jit
+def _min(acc, inp):
+    _apply(acc, inp, _lesser)
+
+
+@_jit
+def _min_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _lesser)
+
+
+@_jit
+def _land(acc, inp):
+    _apply(acc, inp, _and)
+
+
+@_jit
+def _land_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _and)
+
+
+@_jit
+def _lor(acc, inp):
+    _apply(acc, inp, _or)
+
+
+@_jit
+def _lor_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _or)
+
+
+@_jit
+def _lxor(acc, inp):
+    _apply(acc, inp, _xor)
+
+
+@_jit
+def _lxor_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _xor)
+
+
+@_jit
+def _band(acc, inp):
+    _apply(acc, inp, _bitand)
+
+
+@_jit
+def _band_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _bitand)
+
+
+@_jit
+def _bor(acc, inp):
+    _apply(acc, inp, _bitor)
+
+
+@_jit
+def _bor_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _bitor)
+
+
+@_jit
+def _bxor(acc, inp):
+    _apply(acc, inp, _bitxor)
+
+
+@_jit
+def _bxor_fold(out, copy, src, window, stride, offset, skip, ranks):
+    _fold(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
+
+
+@_jit
+def _copy_bytes(dst, src):
+    for i in range(dst.size):
+        dst[i] = src[i]
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for contiguous arrays of one dtype, as a compiled loop.
+
+    Measured faster than ``np.copyto`` for the shared-memory passes (whose
+    memcpy is slower on this machine, docs/performance.md); works on bytes, so
+    one compiled kernel serves every dtype.
+    """
+    _copy_bytes(dst.view(np.uint8), src.view(np.uint8))
 
 
 @_jit
@@ -57,67 +287,6 @@ def _sum_then_divide(acc, inp, n):
 def _divide(acc, n):
     for i in range(acc.size):
         acc[i] = acc[i] / n
-
-
-@_jit
-def _prod(acc, inp):
-    for i in range(acc.size):
-        acc[i] = acc[i] * inp[i]
-
-
-@_jit
-def _max(acc, inp):
-    # NaN wins, as in np.maximum; for integers the y != y test folds away.
-    for i in range(acc.size):
-        x = acc[i]
-        y = inp[i]
-        if y > x or y != y:  # noqa: PLR0124 (a NaN test that also compiles for integers)
-            acc[i] = y
-
-
-@_jit
-def _min(acc, inp):
-    for i in range(acc.size):
-        x = acc[i]
-        y = inp[i]
-        if y < x or y != y:  # noqa: PLR0124
-            acc[i] = y
-
-
-@_jit
-def _land(acc, inp):
-    for i in range(acc.size):
-        acc[i] = (acc[i] != 0) and (inp[i] != 0)
-
-
-@_jit
-def _lor(acc, inp):
-    for i in range(acc.size):
-        acc[i] = (acc[i] != 0) or (inp[i] != 0)
-
-
-@_jit
-def _lxor(acc, inp):
-    for i in range(acc.size):
-        acc[i] = (acc[i] != 0) != (inp[i] != 0)
-
-
-@_jit
-def _band(acc, inp):
-    for i in range(acc.size):
-        acc[i] = acc[i] & inp[i]
-
-
-@_jit
-def _bor(acc, inp):
-    for i in range(acc.size):
-        acc[i] = acc[i] | inp[i]
-
-
-@_jit
-def _bxor(acc, inp):
-    for i in range(acc.size):
-        acc[i] = acc[i] ^ inp[i]
 
 
 # --- the op and dtype tables -------------------------------------------------
@@ -149,24 +318,27 @@ AVG = _Avg()
 class _OpSpec:
     name: str
     op: object  # an MPI.Op, or AVG
-    kernel: Callable
+    kernel: Callable  # acc = acc (op) inp
+    fold: Callable  # the shared-memory reduce, see _fold
     dtypes: tuple[np.dtype, ...]  # the combinations MPI allows
     mpi_op: MPI.Op  # what MPI_Allreduce is given for this op
     ref: np.ufunc  # NumPy's version, for the independent reference result
 
 
 _OPS: tuple[_OpSpec, ...] = (
-    _OpSpec("sum", MPI.SUM, _sum, _INTEGERS + _FLOATS + _COMPLEX, MPI.SUM, np.add),
-    _OpSpec("prod", MPI.PROD, _prod, _INTEGERS + _FLOATS + _COMPLEX, MPI.PROD, np.multiply),
-    _OpSpec("max", MPI.MAX, _max, _INTEGERS + _FLOATS, MPI.MAX, np.maximum),
-    _OpSpec("min", MPI.MIN, _min, _INTEGERS + _FLOATS, MPI.MIN, np.minimum),
-    _OpSpec("land", MPI.LAND, _land, _INTEGERS + _BOOL, MPI.LAND, np.logical_and),
-    _OpSpec("lor", MPI.LOR, _lor, _INTEGERS + _BOOL, MPI.LOR, np.logical_or),
-    _OpSpec("lxor", MPI.LXOR, _lxor, _INTEGERS + _BOOL, MPI.LXOR, np.logical_xor),
-    _OpSpec("band", MPI.BAND, _band, _INTEGERS, MPI.BAND, np.bitwise_and),
-    _OpSpec("bor", MPI.BOR, _bor, _INTEGERS, MPI.BOR, np.bitwise_or),
-    _OpSpec("bxor", MPI.BXOR, _bxor, _INTEGERS, MPI.BXOR, np.bitwise_xor),
-    _OpSpec("avg", AVG, _sum, _FLOATS + _COMPLEX, MPI.SUM, np.add),
+    _OpSpec("sum", MPI.SUM, _sum, _sum_fold, _INTEGERS + _FLOATS + _COMPLEX, MPI.SUM, np.add),
+    _OpSpec(
+        "prod", MPI.PROD, _prod, _prod_fold, _INTEGERS + _FLOATS + _COMPLEX, MPI.PROD, np.multiply
+    ),
+    _OpSpec("max", MPI.MAX, _max, _max_fold, _INTEGERS + _FLOATS, MPI.MAX, np.maximum),
+    _OpSpec("min", MPI.MIN, _min, _min_fold, _INTEGERS + _FLOATS, MPI.MIN, np.minimum),
+    _OpSpec("land", MPI.LAND, _land, _land_fold, _INTEGERS + _BOOL, MPI.LAND, np.logical_and),
+    _OpSpec("lor", MPI.LOR, _lor, _lor_fold, _INTEGERS + _BOOL, MPI.LOR, np.logical_or),
+    _OpSpec("lxor", MPI.LXOR, _lxor, _lxor_fold, _INTEGERS + _BOOL, MPI.LXOR, np.logical_xor),
+    _OpSpec("band", MPI.BAND, _band, _band_fold, _INTEGERS, MPI.BAND, np.bitwise_and),
+    _OpSpec("bor", MPI.BOR, _bor, _bor_fold, _INTEGERS, MPI.BOR, np.bitwise_or),
+    _OpSpec("bxor", MPI.BXOR, _bxor, _bxor_fold, _INTEGERS, MPI.BXOR, np.bitwise_xor),
+    _OpSpec("avg", AVG, _sum, _sum_fold, _FLOATS + _COMPLEX, MPI.SUM, np.add),
 )
 
 OPS: tuple[str, ...] = tuple(spec.name for spec in _OPS)
@@ -197,6 +369,7 @@ class Reduction:
     mpi_op: MPI.Op
     tag: int  # stamped on every message, so ranks that disagree on op or dtype notice
     _combine: Callable
+    _fold: Callable
     _is_avg: bool
     # Complex SUM and AVG act on each real component alone, so their kernels run on
     # the arrays viewed as reals: AVG then divides each component exactly once, and
@@ -209,6 +382,22 @@ class Reduction:
     def combine(self, acc: np.ndarray, inp: np.ndarray) -> None:
         """``acc = acc (op) inp`` elementwise, in place."""
         self._combine(self._lanes(acc), self._lanes(inp))
+
+    def fold(
+        self, out: np.ndarray, copy: np.ndarray, src: np.ndarray, window: np.ndarray,
+        stride: int, offset: int, skip: int, ranks: int,
+    ) -> None:  # fmt: skip
+        """``out = copy = src (op) window[k * stride + offset :][: out.size]`` for every
+        rank k < ranks but ``skip``, in rank order.
+
+        ``window`` is a node's shared window as one flat array (rank k's segment
+        at ``k * stride``), ``src`` this rank's own contribution (it may be ``out``:
+        in place); ``copy`` may be empty. Memory traffic: one read of each input
+        and one write of each output.
+        """
+        lanes, w = self._lanes, 2 if self._split else 1
+        self._fold(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w, offset * w,
+                   skip, ranks)  # fmt: skip
 
     def combine_last(self, acc: np.ndarray, inp: np.ndarray, nranks: int) -> None:
         """The reduce step that completes a chunk: AVG divides here, fused."""
@@ -233,6 +422,7 @@ class Reduction:
         t0 = time.perf_counter()
         a = np.zeros(4, self.dtype)
         self.combine(a, a.copy())
+        self.fold(a, a.copy(), a.copy(), np.zeros(8, self.dtype), 4, 0, 0, 2)
         if self._is_avg:
             self.combine_last(a, a.copy(), 1)
             self.finish(a, 2)
@@ -260,7 +450,7 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
         )
     tag = 1 + _OPS.index(spec) * 64 + DTYPES.index(dt)
     split = dt.kind == "c" and spec.name in ("sum", "avg")
-    red = Reduction(spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.op is AVG, split)
+    red = Reduction(spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.fold, spec.op is AVG, split)
     _cache[key] = red
     return red
 
@@ -388,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             for dt in spec.dtypes:
                 reduction(spec.op, dt).warm()
                 n += 1
+        copy(np.zeros(8, np.uint8), np.ones(8, np.uint8))
         print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s")
         return 0
     _bench(args.bytes, args.reps)

@@ -18,6 +18,7 @@ from ringmpi.kernels import (
     verify_expected,
     verify_inputs,
 )
+from ringmpi.kernels import copy as copy_kernel
 
 PAIRS = [(spec, dt) for spec in _OPS for dt in spec.dtypes]
 IDS = [f"{spec.name}-{dt.name}" for spec, dt in PAIRS]
@@ -67,6 +68,65 @@ def test_kernel_matches_numpy(spec, dt):
         assert np.array_equal(np.signbit(acc), np.signbit(expected))  # -0.0 is kept
     if spec.name in ("land", "lor", "lxor"):
         assert set(np.unique(acc).tolist()) <= {0, 1}
+
+
+def _fold_reference(spec, src, slots, skip):
+    acc = src.copy()
+    for k, slot in enumerate(slots):
+        if k != skip:
+            acc = _reference(spec, acc, slot)
+    return acc
+
+
+@pytest.mark.parametrize(("spec", "dt"), PAIRS, ids=IDS)
+@pytest.mark.parametrize(("ranks", "skip"), [(1, 0), (2, 0), (2, 1), (3, 1), (4, 3)])
+def test_fold_matches_numpy(spec, dt, ranks, skip):
+    # The shared-memory reduce: src (op) every other rank's slot, in rank order,
+    # written to both outputs. The window is flat, one segment of `stride`
+    # elements per rank; the slot starts at `offset` in each.
+    rng = np.random.default_rng(11)
+    n, stride, offset = 1037, 1100, 41
+    window = np.concatenate([_random(dt, stride, rng) for _ in range(ranks)])
+    src = _random(dt, n, rng)
+    slots = [window[k * stride + offset :][:n] for k in range(ranks)]
+    expected = _fold_reference(spec, src, slots, skip)
+    red = reduction(spec.op, dt)
+    before = window.tobytes()
+    out, copy = np.zeros(n, dt), np.zeros(n, dt)
+    with np.errstate(all="ignore"):
+        red.fold(out, copy, src, window, stride, offset, skip, ranks)
+        in_place = src.copy()
+        red.fold(in_place, copy[:0], in_place, window, stride, offset, skip, ranks)
+    if spec.name == "prod" and dt.kind == "c":
+        close = {"rtol": 8 * np.finfo(dt).eps, "atol": 0, "equal_nan": True}
+        assert np.allclose(out, expected, **close) and np.allclose(in_place, expected, **close)
+    else:
+        assert np.array_equal(out, expected, equal_nan=dt.kind in "fc")
+        assert np.array_equal(in_place, expected, equal_nan=dt.kind in "fc")
+    assert out.tobytes() == copy.tobytes()
+    assert window.tobytes() == before
+
+
+def test_fold_reads_only_its_slots_and_writes_only_its_outputs():
+    red = reduction(MPI.SUM, "int32")
+    window = np.arange(2 * 30, dtype=np.int32)  # two segments of 30
+    before = window.copy()
+    src = np.full(6, 100, np.int32)
+    out, copy = np.zeros(8, np.int32), np.zeros(8, np.int32)
+    red.fold(out[:6], copy[:6], src, window, 30, 10, 0, 2)  # rank 1's slot: 40, 41, ...
+    assert np.array_equal(window, before)
+    assert out.tolist() == [100 + 40 + i for i in range(6)] + [0, 0]
+    assert copy.tolist() == out.tolist()
+
+
+def test_copy_is_exact_for_every_dtype():
+    rng = np.random.default_rng(5)
+    for dt in DTYPES:
+        src = _random(dt, 1001, rng)
+        dst = np.zeros(1003, dt)
+        copy_kernel(dst[1:1002], src)
+        assert dst[1:1002].tobytes() == src.tobytes()
+        assert dst[0] == 0 and dst[-1] == 0
 
 
 @pytest.mark.parametrize("dt", ["float32", "float64", "complex64", "complex128"])

@@ -182,13 +182,86 @@ def test_window_is_reused_across_sizes_and_dtypes(monkeypatch):
     monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     problems = []
-    for count, dtype in [(10, "int32"), (300_000, "float64"), (7, "complex128"), (300_001, "int8"),
-                         (0, "float32"), (50_000, "uint16")]:  # fmt: skip
+    # Back to back, so that a rank still reading one call's slots while another
+    # writes the next call's (laid out differently) would show.
+    calls = [(10, "int32"), (300_000, "float64"), (7, "complex128"), (300_001, "int8"),
+             (0, "float32"), (50_000, "uint16"), (33, "int64"), (5_000, "float32")]  # fmt: skip
+    for count, dtype in calls * 8:
         send = kernels.verify_inputs(MPI.SUM, dtype, rank, count)
         got = ringmpi.allreduce(send, algorithm="hierarchical")
         if not np.array_equal(got, kernels.verify_expected(MPI.SUM, dtype, n, count)):
             problems.append(f"{count} x {dtype}: wrong result")
     agree(WORLD, problems)
+
+
+@pytest.mark.parametrize(
+    "nodes", [(2, "block"), (3, "cyclic")], indirect=True, ids=["k2-block", "k3-cyclic"]
+)
+@pytest.mark.parametrize("piece", [64, 200, 4096])
+def test_many_pieces(nodes, piece, monkeypatch):
+    # Tiny pieces force the buffer through the window in many passes, the last one
+    # short (a fresh communicator, so that the window is sized for this piece).
+    monkeypatch.setenv("RINGMPI_PIECE_BYTES", str(piece))
+    comm = WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    problems = []
+    for count, op, dtype in [(1009, MPI.SUM, "float64"), (3001, ringmpi.AVG, "complex64"),
+                             (777, MPI.MAX, "int16")]:  # fmt: skip
+        send = kernels.verify_inputs(op, dtype, rank, count)
+        expected = kernels.verify_expected(op, dtype, n, count)
+        for in_place in (False, True):
+            got = send.copy() if in_place else np.empty_like(send)
+            with ringmpi.trace() as t:
+                ringmpi.Allreduce(MPI.IN_PLACE if in_place else send, got, op, comm,
+                                  algorithm="hierarchical")  # fmt: skip
+            if not np.array_equal(got, expected):
+                problems.append(f"{count} x {dtype} in_place={in_place}: wrong result")
+            itemsize = np.dtype(dtype).itemsize
+            shared = expected_shared_bytes(rank, n, *nodes, count, itemsize)
+            if (t.shared_written, t.shared_read) != shared:
+                problems.append(f"shared {(t.shared_written, t.shared_read)}, expected {shared}")
+    comm.Free()
+    agree(WORLD, problems)
+
+
+def test_the_node_times_both_ways_and_agrees(monkeypatch):
+    # Above two pieces the first calls of a size class alternate between pieces and
+    # one whole pass, timing each; then every rank of a node keeps the same one.
+    # Results are exact throughout, and the choice lives with the communicator.
+    monkeypatch.delenv("RINGMPI_PIECE_BYTES", raising=False)
+    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+    from ringmpi import _comm
+    from ringmpi.algorithms import hierarchical
+
+    comm = WORLD.Dup()
+    rank, n = comm.Get_rank(), comm.Get_size()
+    count = 5 * hierarchical.PIECE_BYTES // 4 + 3  # a size class of its own
+    send = kernels.verify_inputs(MPI.SUM, "float32", rank, count)
+    expected = kernels.verify_expected(MPI.SUM, "float32", n, count)
+    problems = []
+    for call in range(2 * (hierarchical._TRIALS + 1) + 2):
+        got = ringmpi.allreduce(send, comm=comm, algorithm="hierarchical")
+        if not np.array_equal(got, expected):
+            problems.append(f"call {call}: wrong result")
+    ctx = _comm.context(comm)
+    (choice,) = [v for key, v in ctx.extra.items() if key[0] == "pieces"]
+    timed = {p: len(t) for p, t in choice.times.items()}
+    if timed != {hierarchical.PIECE_BYTES: hierarchical._TRIALS + 1, 0: hierarchical._TRIALS + 1}:
+        problems.append(f"timed calls per way: {timed}")
+    # Each node chooses for itself (nodes of 2 consecutive ranks here).
+    chosen = comm.allgather((rank // 2, choice.chosen))
+    if len(set(chosen)) != -(-n // 2) or choice.chosen is None:
+        problems.append(f"(node, choice) of every rank: {chosen}")
+    comm.Free()
+    agree(WORLD, problems)
+
+
+def test_bad_piece_setting(monkeypatch):
+    monkeypatch.setenv("RINGMPI_PIECE_BYTES", "-1")
+    comm = WORLD.Dup()
+    with pytest.raises(ValueError, match="RINGMPI_PIECE_BYTES"):
+        ringmpi.allreduce(np.ones(4), comm=comm, algorithm="hierarchical")
+    comm.Free()
 
 
 @pytest.mark.parametrize(

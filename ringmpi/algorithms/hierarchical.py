@@ -12,8 +12,9 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    owns slices i, i + L, .... Every rank copies the slices it does not own into
    its segment of an MPI shared-memory window of the node (its contribution
    lands in node memory once, and only where another rank needs it). Each
-   owner reduces its slices over all L contributions with the Numba kernels
-   and publishes the result in its segment.
+   owner folds its slices over all L contributions with one Numba kernel call
+   (read L inputs, write the result once to its own buffer and once to its
+   segment, for the others).
 2. The owners of slice j on every node form rail j and run the ring on it:
    2(M-1) serial inter-node steps moving 2(M-1)/M of the slice. All L rails of
    a node run at once, so every link of a node carries traffic (Horovod's
@@ -22,12 +23,24 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    order on every rank, so the rails never wait on each other in a cycle.
 3. Every rank copies the slices it does not own out of shared memory.
 
+On one node the buffer goes through the window in **pieces** of 2 MiB, so that
+every pass works in cache, software-pipelined: while piece p is published,
+piece p - 1 is folded and piece p - 2 copied out, with one node
+synchronisation per step. Where the ranks do not share a cache that is slower
+than one pass over the whole buffer, so the first calls of each size time
+both and the node keeps the faster (:func:`_choose`).
+
 Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
 window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
-between phases every rank runs ``Win_sync`` (its stores become visible and it
-sees the others'), a barrier of the node (every rank has finished the phase),
-and ``Win_sync`` again. That orders each phase's loads after the previous
-phase's stores on every rank, which is all the algorithm needs.
+between steps every rank runs ``Win_sync`` (its stores become visible and it
+sees the others'), a barrier of the node (every rank has finished the step),
+and ``Win_sync`` again. That orders each step's loads after the previous
+steps' stores on every rank, which is all the algorithm needs: a slot is read
+only in a later step than the one that wrote it, and written again only in a
+later step than the one that last read it. A call that lays the slots out
+as the last one did needs no step between the two calls (the last steps of a
+call only read slots the first steps of the next do not write), and one that
+lays them out differently starts with a synchronisation.
 
 Each slice is reduced in one fixed order (contributions by local rank, then the
 ring's order across nodes) on one rank and then copied, so the result is
@@ -36,15 +49,16 @@ bitwise identical on every rank.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import _trace
-from .._comm import Context
+from .._comm import Context, sleepy_barrier
 from .._settings import choice, positive_int
-from ..kernels import Reduction, reduction
+from ..kernels import Reduction, copy, reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
 from . import register
 from .ring import run_ring
@@ -109,52 +123,69 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
     return found
 
 
+# The piece: bytes of the buffer one pass through the window handles when the
+# buffer goes through it in pieces (RINGMPI_PIECE_BYTES fixes it). See _choose.
+PIECE_BYTES = 1 << 21
+# Calls of each size class that time the two ways before the node settles on one.
+_TRIALS = 3
+
+
 class _Window:
-    """A node's shared-memory window: one segment per local rank, reused across calls.
+    """A node's shared-memory window: one segment of ``capacity`` bytes per local rank.
 
     MPI allocates the segments contiguously, in local-rank order (the default
-    without ``alloc_shared_noncontig``); each is padded to 64 bytes, so the whole
-    window is one C-contiguous 2-D array (local ranks x bytes) that the
-    multi-input kernel reads directly.
+    without ``alloc_shared_noncontig``), so the window is one flat array in which
+    rank k's segment starts at ``k * capacity``; a call lays its slots out in the
+    segments as it needs (see :class:`_Pieces`). Reused across calls, grown when
+    a call needs more.
     """
 
-    def __init__(self, node: MPI.Intracomm, nbytes: int) -> None:
-        self.nbytes = nbytes
-        stride = -(-max(nbytes, 1) // 64) * 64
-        self.win = MPI.Win.Allocate_shared(stride, 1, comm=node)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
+    def __init__(self, node: MPI.Intracomm, sleepy: bool, capacity: int) -> None:
+        self.capacity = capacity
+        self.shape: tuple[int, int] | None = None  # (slot bytes, sets) of the last call
         self.node = node
+        self.sleepy = sleepy
+        size = node.Get_size()
+        self.win = MPI.Win.Allocate_shared(capacity, 1, comm=node)
+        self.win.Lock_all(MPI.MODE_NOCHECK)
         base, _ = self.win.Shared_query(0)
-        first = np.frombuffer(base, np.uint8, count=stride)
-        for r in range(1, node.Get_size()):
+        first = np.frombuffer(base, np.uint8, count=capacity)
+        for r in range(1, size):
             buf, _ = self.win.Shared_query(r)
-            if np.frombuffer(buf, np.uint8, count=1).ctypes.data != first.ctypes.data + r * stride:
+            if (
+                np.frombuffer(buf, np.uint8, count=1).ctypes.data
+                != first.ctypes.data + r * capacity
+            ):
                 raise RuntimeError("the MPI library did not lay the shared window out contiguously")
-        self.rows = np.lib.stride_tricks.as_strided(
-            first, shape=(node.Get_size(), stride), strides=(stride, 1), writeable=True
+        self.flat = np.lib.stride_tricks.as_strided(
+            first, shape=(size * capacity,), strides=(1,), writeable=True
         )
 
     def sync(self) -> None:
-        """Order this phase's stores before the next phase's loads, on every local rank."""
+        """Order this pass's stores before the next pass's loads, on every local rank."""
         self.win.Sync()
-        self.node.Barrier()
+        if self.sleepy:
+            sleepy_barrier(self.node)
+        else:
+            self.node.Barrier()
         self.win.Sync()
 
     def free(self) -> None:
-        self.rows = None
+        self.node.Barrier()  # nobody still reads it
+        self.flat = None
         self.win.Unlock_all()
         self.win.Free()
 
 
 def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
-    # Every rank of the node asks for the same size (same count and dtype), so they
-    # agree on when to reallocate; the window only grows.
+    # Every rank of the node asks for the same size (same count, dtype and piece),
+    # so they agree on when to reallocate; the window only grows.
     key = ("window", id(lay))
     win = ctx.extra.get(key)
-    if win is None or win.nbytes < nbytes:
+    if win is None or win.capacity < nbytes:
         if win is not None:
             win.free()
-        win = _Window(lay.node, nbytes)
+        win = _Window(lay.node, ctx.sleepy, max(64, -(-nbytes // 64) * 64))
         ctx.extra[key] = win
     return win
 
@@ -165,59 +196,182 @@ def hierarchical_allreduce(
 ) -> None:
     """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
     k, placement = node_settings()
+    fixed = positive_int("RINGMPI_PIECE_BYTES")
     lay = layout(ctx, k, placement)
     src = work if source is None else source
-    nbytes, dt = work.nbytes, work.dtype
-    win = _window(ctx, lay, nbytes)
-    rows = win.rows.view(dt)  # local ranks x elements, C-contiguous
-    mine = rows[lay.local_rank]
+    dt = work.dtype
     bounds = chunk_bounds(work.size, lay.slices)
-    owned = set(lay.owned)
-    # AVG sums across nodes and divides once, by the slice's owner.
-    across = reduction(MPI.SUM, dt) if red.name == "avg" else red
-    stored = loaded = 0
-
-    # (1) Publish the contribution where others need it: only the slices this rank
-    # does not own (its own slices are read straight from `src`).
-    for j in range(lay.slices):
-        if j not in owned:
-            mine[bounds[j] : bounds[j + 1]] = src[bounds[j] : bounds[j + 1]]
-            stored += (bounds[j + 1] - bounds[j]) * dt.itemsize
-    win.sync()
-
-    # (2) Reduce each owned slice over the L contributions (this rank's from `src`,
-    # then the others' from the window in local-rank order) into the window for the
-    # other local ranks, and copy it to `work` for this one. Across nodes the slice
-    # is reduced in `work`, goes around its rail, then is published. (A fused
-    # one-pass Numba kernel measured no faster than these whole-slice passes at
-    # L = 2; it would save memory traffic from L = 3 on.)
-    others = [rows[r] for r in range(lay.local_size) if r != lay.local_rank]
-    for j in lay.owned:
-        lo, hi = bounds[j], bounds[j + 1]
-        acc = mine[lo:hi] if lay.nodes == 1 else work[lo:hi]
-        acc[:] = src[lo:hi]
-        for row in others:
-            red.combine(acc, row[lo:hi])
-        if lay.nodes > 1:
+    longest = max(b - a for a, b in itertools.pairwise(bounds))
+    piece, timing = _choose(ctx, lay, work.nbytes, fixed)
+    # A slot holds a piece's share of a slice, 64-byte aligned; with one piece in
+    # all, one set of slots, otherwise two used in turn.
+    per = max(1, min(longest, -(-piece // lay.slices // dt.itemsize)))
+    per = -(-per * dt.itemsize // 64) * 64 // dt.itemsize
+    pieces = max(1, -(-longest // per))  # count 0 still rings, like the flat ring
+    sets = 1 if pieces == 1 else 2
+    win = _window(ctx, lay, sets * lay.slices * per * dt.itemsize)
+    shape = (per * dt.itemsize, sets)
+    if win.shape != shape:
+        # The slots move: nobody may still be reading the last call's (a call with
+        # the same slots needs no such step, see below).
+        if win.shape is not None:
+            win.sync()
+        win.shape = shape
+    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets)
+    started = MPI.Wtime()
+    # Piece p uses slot set p % 2, and its three passes run in consecutive
+    # intervals, software-pipelined: interval t publishes piece t, folds piece
+    # t - 1 and copies out piece t - 2, with one node synchronisation per
+    # interval. Every pass is thus separated by one from the pass before it on
+    # the same piece, and from the passes of piece p - 2 that used the same slots.
+    if lay.nodes == 1:
+        for t in range(pieces + 2):
+            if t < pieces:
+                go.publish(t)
+            if 0 < t <= pieces:
+                go.fold(t - 1, finished=True)
+            if t >= 2:
+                go.copy_out(t - 2)
+            if t <= pieces:
+                win.sync()
+    else:
+        # Across nodes: publish and fold the whole buffer into `work`, ring the
+        # owned slices along their rails, then publish the results and copy out.
+        for t in range(pieces + 1):
+            if t < pieces:
+                go.publish(t)
+            if t > 0:
+                go.fold(t - 1, finished=False)
+            if t < pieces:
+                win.sync()
+        # AVG sums across nodes and divides once, by the slice's owner.
+        across = reduction(MPI.SUM, dt) if red.name == "avg" else red
+        for j in lay.owned:
+            acc = work[bounds[j] : bounds[j + 1]]
             run_ring(
                 acc, across, lay.rails[j], algorithm="hierarchical",
                 phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
             )  # fmt: skip
-        red.finish(acc, ctx.size)
-        if lay.nodes == 1:
-            work[lo:hi] = acc
-        else:
-            mine[lo:hi] = acc
-        loaded += (hi - lo) * dt.itemsize * len(others)
-        stored += (hi - lo) * dt.itemsize
-    win.sync()
-
-    # (3) Copy out the slices the other local ranks finished.
-    for j in range(lay.slices):
-        if j not in owned:
-            owner = rows[j % lay.local_size]
-            work[bounds[j] : bounds[j + 1]] = owner[bounds[j] : bounds[j + 1]]
-            loaded += (bounds[j + 1] - bounds[j]) * dt.itemsize
+            red.finish(acc, ctx.size)
+        for t in range(pieces + 1):
+            if t < pieces:
+                go.store(t)
+            if t > 0:
+                go.copy_out(t - 1)
+            if t < pieces:
+                win.sync()
+    if timing is not None:
+        timing.append(lay.node.allreduce(MPI.Wtime() - started, op=MPI.MAX))
     if _trace._active:
-        _trace.record_shared(written=stored, read=loaded)
-    win.sync()  # nobody writes the window again until everyone has read it
+        _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
+
+
+def _choose(ctx: Context, lay: Layout, nbytes: int, fixed: int | None):
+    """The piece size for a call of ``nbytes``, and the list to time it into, if any.
+
+    Pieces of PIECE_BYTES keep each pass in cache, which wins where the node's
+    ranks share a cache; where they do not (ranks on different dies or sockets,
+    or virtual CPUs a hypervisor moves), data written by one rank and read by
+    another soon after is slow to fetch, and one piece -- each pass over the
+    whole buffer -- wins instead (docs/performance.md has both). So the first
+    calls of each size class (bytes rounded to a power of two) time both ways,
+    alternating, and the node keeps the faster: every local rank uses the same
+    maximum time over the node, so all choose alike. RINGMPI_PIECE_BYTES fixes
+    the piece and skips this.
+    """
+    if fixed is not None:
+        return fixed, None
+    if nbytes <= 2 * PIECE_BYTES:
+        return PIECE_BYTES, None  # one or two pieces: the ways barely differ
+    key = ("pieces", id(lay), nbytes.bit_length())
+    state = ctx.extra.get(key)
+    if state is None:
+        state = ctx.extra[key] = _Choice()
+    return state.next()
+
+
+class _Choice:
+    """The timing trials of one size class (see _choose)."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, list[float]] = {PIECE_BYTES: [], 0: []}
+        self.chosen: int | None = None
+
+    def next(self) -> tuple[int, list[float] | None]:
+        if self.chosen is not None:
+            return self._piece(self.chosen), None
+        short = min(self.times, key=lambda p: len(self.times[p]))
+        if len(self.times[short]) <= _TRIALS:  # the first of each warms up, uncounted
+            return self._piece(short), self.times[short]
+        self.chosen = min(self.times, key=lambda p: float(np.median(self.times[p][1:])))
+        return self._piece(self.chosen), None
+
+    @staticmethod
+    def _piece(p: int) -> int:
+        return p or 1 << 62  # 0 stands for "the whole buffer in one piece"
+
+    def free(self) -> None:
+        pass
+
+
+class _Pieces:
+    """The passes of one call through the window, piece by piece (elements counted).
+
+    Rank k's segment holds ``sets`` sets of S slots of ``per`` elements: slot
+    (b, j) carries, for the current piece, this rank's part of slice j -- its
+    contribution where another rank owns j, the result where it owns j itself.
+    """
+
+    def __init__(self, work, src, red, nranks, lay, win, bounds, per: int, sets: int) -> None:
+        self.work, self.src, self.red, self.nranks = work, src, red, nranks
+        self.window = win.flat.view(work.dtype)
+        self.stride = win.capacity // work.dtype.itemsize  # elements per segment
+        self.bounds, self.lay, self.per, self.sets = bounds, lay, per, sets
+        self.me = lay.local_rank * self.stride
+        self.theirs = [j for j in range(lay.slices) if j not in lay.owned]
+        self.stored = self.loaded = 0
+
+    def _cut(self, j: int, p: int) -> tuple[int, int, int]:
+        """Offset of slot (p % sets, j) in a segment; first and end element of its piece."""
+        b, end = self.bounds[j], self.bounds[j + 1]
+        lo, hi = min(b + p * self.per, end), min(b + (p + 1) * self.per, end)
+        return ((p % self.sets) * self.lay.slices + j) * self.per, lo, hi
+
+    def publish(self, p: int) -> None:
+        """Store this rank's part of the slices others own."""
+        for j in self.theirs:
+            off, lo, hi = self._cut(j, p)
+            copy(self.window[self.me + off : self.me + off + hi - lo], self.src[lo:hi])
+            self.stored += hi - lo
+
+    def fold(self, p: int, finished: bool) -> None:
+        """Reduce the owned slices over the L contributions into `work`, in one kernel
+        call each (this rank's own from `src`, the others' from their slots, in
+        local-rank order); `finished` (one node): also into this rank's slot, for
+        the others, and finish (AVG divides)."""
+        for j in self.lay.owned:
+            off, lo, hi = self._cut(j, p)
+            out = self.work[lo:hi]
+            mine = self.window[self.me + off : self.me + off + hi - lo] if finished else out[:0]
+            self.red.fold(out, mine, self.src[lo:hi], self.window, self.stride, off,
+                          self.lay.local_rank, self.lay.local_size)  # fmt: skip
+            self.loaded += (hi - lo) * (self.lay.local_size - 1)
+            if finished:
+                self.red.finish(out, self.nranks)
+                self.red.finish(mine, self.nranks)
+                self.stored += hi - lo
+
+    def store(self, p: int) -> None:
+        """Publish the finished owned slices (after the rails)."""
+        for j in self.lay.owned:
+            off, lo, hi = self._cut(j, p)
+            copy(self.window[self.me + off : self.me + off + hi - lo], self.work[lo:hi])
+            self.stored += hi - lo
+
+    def copy_out(self, p: int) -> None:
+        """Copy the slices the other local ranks finished into `work`."""
+        for j in self.theirs:
+            off, lo, hi = self._cut(j, p)
+            at = (j % self.lay.local_size) * self.stride + off
+            copy(self.work[lo:hi], self.window[at : at + hi - lo])
+            self.loaded += hi - lo

@@ -28,7 +28,7 @@ import ringmpi
 
 from . import _trace, algorithms
 from ._comm import Context, context, sleepy_barrier
-from .algorithms.hierarchical import node_settings
+from .algorithms.hierarchical import STORES, node_settings
 from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
@@ -62,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
     p.add_argument(
         "-a", "--algorithm", default="ring,mpi",
-        help=f"comma list from {', '.join(algorithms.names())} (ring,mpi)",
+        help=f"comma list from {', '.join(algorithms.names())}; hierarchical:WAY fixes how it "
+        f"stores to the node's window, WAY one of {', '.join(STORES)} (ring,mpi)",
     )  # fmt: skip
     p.add_argument(
         "--ranks-per-node",
@@ -76,6 +77,36 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
     return p
+
+
+def _variant(name: str) -> tuple[str, dict[str, str]]:
+    """An ``-a`` entry: an algorithm, and for ``hierarchical:WAY`` the way it stores to
+    the node's window (RINGMPI_WINDOW_STORES), so that both ways run in one launch."""
+    base, _, way = name.partition(":")
+    algorithms.lookup(base)
+    if not way:
+        return base, {}
+    if base != "hierarchical" or way not in STORES:
+        raise ValueError(
+            f"algorithm: {name!r}: only hierarchical takes a variant after ':', "
+            f"one of {', '.join(STORES)}"
+        )
+    return base, {"RINGMPI_WINDOW_STORES": way}
+
+
+def _allreduce(send, recv, op, comm, variant: tuple[str, dict[str, str]]) -> None:
+    """One call of an ``-a`` entry, its settings in the environment for the call only."""
+    name, settings = variant
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    try:
+        ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 def _abort_on_exception(comm: MPI.Comm) -> None:
@@ -231,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         op = op_from_name(args.op)
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
         names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-        for name in names:
-            algorithms.lookup(name)
+        variants = {name: _variant(name) for name in names}
         node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
     except (TypeError, ValueError) as exc:
         if rank == 0:
@@ -283,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = {}
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
-            chosen = algorithms.choose(name, nbytes, ctx).name
+            chosen = algorithms.choose(variants[name][0], nbytes, ctx).name
             ctx.barrier()
             t0 = time.perf_counter()
             with _trace.trace() as t:
-                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+                _allreduce(send, recv, op, comm, variants[name])
             took = time.perf_counter() - t0
             first = comm.allreduce(took, op=MPI.MAX)
             warmup, iters = _calls(first, args)
@@ -300,13 +330,13 @@ def main(argv: list[str] | None = None) -> int:
                 times=[took] if iters == 0 else [],
             )
             for _ in range(warmup):
-                ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+                _allreduce(send, recv, op, comm, variants[name])
         for _ in range(max(run.iters for run in runs.values())):
             for name, run in runs.items():  # interleaved: each sees the same machine
                 if len(run.times) < run.iters:
                     ctx.barrier()
                     t0 = time.perf_counter()
-                    ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+                    _allreduce(send, recv, op, comm, variants[name])
                     run.times.append(time.perf_counter() - t0)
         for run in runs.values():
             row = _row(comm, run, nbytes, count, args)

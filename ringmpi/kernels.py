@@ -16,13 +16,16 @@ checked (op, dtype) pair -- and never branches on dtype or op itself.
 from __future__ import annotations
 
 import argparse
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
 import numpy as np
+from llvmlite import ir
 from mpi4py import MPI
+from numba.extending import intrinsic
 
 __all__ = [
     "AVG",
@@ -37,6 +40,7 @@ __all__ = [
     "verify_inputs",
 ]
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 # An op on two elements, inlined (at Numba IR level) into every kernel that uses it.
 _element = numba.njit(inline="always")
@@ -266,14 +270,77 @@ def _copy_bytes(dst, src):
         dst[i] = src[i]
 
 
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
+@intrinsic
+def _store_streaming_32(typingctx, dst, i, src, j):
+    """``dst[i : i + 32] = src[j : j + 32]`` (byte arrays) with one non-temporal store.
+
+    The store bypasses the caches (``!nontemporal``: MOVNTDQ on x86, STNP on
+    ARM); ``dst + i`` must be 32-byte aligned.
+    """
+
+    def codegen(context, builder, sig, args):
+        vec = ir.VectorType(ir.IntType(8), 32)
+        to = context.make_array(sig.args[0])(context, builder, args[0])
+        of = context.make_array(sig.args[2])(context, builder, args[2])
+        at = builder.bitcast(builder.gep(of.data, [args[3]]), vec.as_pointer())
+        value = builder.load(at, align=1)  # the source may have any alignment
+        where = builder.bitcast(builder.gep(to.data, [args[1]]), vec.as_pointer())
+        store = builder.store(value, where, align=32)
+        one = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        store.set_metadata("nontemporal", one)
+        return context.get_dummy_value()
+
+    return numba.types.void(dst, i, src, j), codegen
+
+
+@intrinsic
+def _fence(typingctx):
+    """A store fence that orders non-temporal stores before what follows.
+
+    On x86 that takes SFENCE (or MFENCE): the locked instruction LLVM emits for
+    a sequentially consistent fence orders ordinary stores but is not documented
+    to drain the write-combining buffers that non-temporal stores go through.
+    Elsewhere (ARM's STNP is ordered by DMB) LLVM's full fence is enough.
+    """
+
+    def codegen(context, builder, sig, args):
+        if _X86:
+            sfence = builder.module.declare_intrinsic(
+                "llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), [])
+            )
+            builder.call(sfence, [])
+        else:
+            builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return numba.types.void(), codegen
+
+
+@_jit
+def _stream_bytes(dst, src):
+    n = dst.size
+    head = min(n, (-dst.ctypes.data) % 32)  # up to the first 32-byte boundary
+    for i in range(head):
+        dst[i] = src[i]
+    i = head
+    while i + 32 <= n:
+        _store_streaming_32(dst, i, src, i)
+        i += 32
+    for k in range(i, n):
+        dst[k] = src[k]
+    _fence()
+
+
+def copy(dst: np.ndarray, src: np.ndarray, streaming: bool = False) -> None:
     """``dst[:] = src`` for contiguous arrays of one dtype, as a compiled loop.
 
     Measured faster than ``np.copyto`` for the shared-memory passes (whose
     memcpy is slower on this machine, docs/performance.md); works on bytes, so
-    one compiled kernel serves every dtype.
+    one compiled kernel serves every dtype. ``streaming`` writes past the caches
+    (non-temporal stores, then a fence): for data another core will read, where
+    the cores share no cache.
     """
-    _copy_bytes(dst.view(np.uint8), src.view(np.uint8))
+    (_stream_bytes if streaming else _copy_bytes)(dst.view(np.uint8), src.view(np.uint8))
 
 
 @_jit
@@ -543,21 +610,26 @@ def _bench(nbytes: int, reps: int) -> None:
     b = np.ones(n, np.float32)
     red = reduction(MPI.SUM, np.float32)
     print(f"first call (compile or cache load): {red.warm() * 1e3:.1f} ms")
-    rows = {
-        "numba SUM kernel": lambda: red.combine(a, b),
-        "np.add(a, b, out=a)": lambda: np.add(a, b, out=a),
+    copy(b, a)
+    copy(b, a, streaming=True)
+    rows = {  # name: (call, bytes moved: reads + writes)
+        "numba SUM kernel": (lambda: red.combine(a, b), 3 * nbytes),
+        "np.add(a, b, out=a)": (lambda: np.add(a, b, out=a), 3 * nbytes),
+        "np.copyto(b, a)": (lambda: np.copyto(b, a), 2 * nbytes),
+        "kernels.copy(b, a)": (lambda: copy(b, a), 2 * nbytes),
+        "streaming copy": (lambda: copy(b, a, streaming=True), 2 * nbytes),
     }
     times: dict[str, list[float]] = {k: [] for k in rows}
     order = list(rows)
     for rep in range(reps):  # interleaved, alternating which goes first
         for name in order if rep % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
-            rows[name]()
+            rows[name][0]()
             times[name].append(time.perf_counter() - t0)
-    print(f"float32 SUM, {nbytes / 2**20:.0f} MiB, median of {reps}; GB/s counts 2 reads + 1 write")
+    print(f"float32, {nbytes / 2**20:.0f} MiB, median of {reps}; GB/s counts reads + writes")
     medians = {name: float(np.median(ts)) for name, ts in times.items()}
     for name, med in medians.items():
-        print(f"  {name:<22}{med * 1e3:9.3f} ms {3 * nbytes / med / 1e9:8.1f} GB/s")
+        print(f"  {name:<22}{med * 1e3:9.3f} ms {rows[name][1] / med / 1e9:8.1f} GB/s")
     ratio = medians["np.add(a, b, out=a)"] / medians["numba SUM kernel"]
     print(f"  kernel speed relative to np.add: {ratio:.3f}")
 
@@ -565,7 +637,8 @@ def _bench(nbytes: int, reps: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ringmpi.kernels",
-        description="Warm Numba's cache for every (op, dtype), or benchmark the SUM kernel.",
+        description="Warm Numba's cache for every (op, dtype), or benchmark the SUM and copy "
+        "kernels.",
     )
     parser.add_argument("--warm", action="store_true", help="compile every allowed (op, dtype)")
     parser.add_argument("--bytes", type=int, default=16 * 2**20, help="benchmark size")
@@ -578,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             for dt in spec.dtypes:
                 reduction(spec.op, dt).warm()
                 n += 1
-        copy(np.zeros(8, np.uint8), np.ones(8, np.uint8))
+        for streaming in (False, True):
+            copy(np.zeros(8, np.uint8), np.ones(8, np.uint8), streaming)
         print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s")
         return 0
     _bench(args.bytes, args.reps)

@@ -96,6 +96,8 @@ def test_unchecked_run_reports_no_wrong_count():
         (["-a", "ring,bogus"], "unknown name 'bogus'"),
         (["-o", "mean"], "unknown name 'mean'"),
         (["-e", "lots"], "not a size"),
+        (["-a", "ring:cached"], "only hierarchical takes a variant"),
+        (["-a", "hierarchical:fast"], "one of auto, cached, streaming"),
     ],
 )
 def test_bad_arguments_end_the_job(args, message):
@@ -155,6 +157,21 @@ def test_hierarchical_rows_count_inter_node_traffic(tmp_path, placement):
     assert hier["bytes_per_rank"] == pytest.approx(0.5)
     assert (ring["steps"], ring["bytes_per_rank"]) == (6, pytest.approx(1.5))
     assert hier["copy_GBs"] > 0 and hier["copy_GBs"] == ring["copy_GBs"]
+
+
+def test_both_ways_of_storing_in_one_launch(tmp_path):
+    # hierarchical:WAY rows run with RINGMPI_WINDOW_STORES set for their calls only;
+    # 2 MiB at 4 ranks in nodes of 2 takes the cached, the streaming and (auto) the
+    # timed paths, every one verified.
+    out = tmp_path / "r.json"
+    p = run(4, "-a", "hierarchical:cached,hierarchical:streaming,hierarchical", "-b", "2M",
+            "-e", "2M", "-n", "3", "-w", "8", "--ranks-per-node", "2", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == [
+        "hierarchical:cached", "hierarchical:streaming", "hierarchical",
+    ]  # fmt: skip
+    assert all(r["wrong"] == 0 and r["steps"] == 2 for r in rows)
 
 
 def test_bad_node_settings_end_the_job():

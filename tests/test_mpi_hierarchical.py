@@ -225,17 +225,19 @@ def test_many_pieces(nodes, piece, monkeypatch):
 
 
 def test_the_node_times_both_ways_and_agrees(monkeypatch):
-    # Above two pieces the first calls of a size class alternate between pieces and
-    # one whole pass, timing each; then every rank of a node keeps the same one.
-    # Results are exact throughout, and the choice lives with the communicator.
+    # From 1 MiB the first calls of a size class alternate between cached and
+    # streaming stores to the window, timing each; then every rank of a node keeps
+    # the same way. Results are exact throughout, and the choice lives with the
+    # communicator.
     monkeypatch.delenv("RINGMPI_PIECE_BYTES", raising=False)
+    monkeypatch.delenv("RINGMPI_WINDOW_STORES", raising=False)
     monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
     from ringmpi import _comm
     from ringmpi.algorithms import hierarchical
 
     comm = WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
-    count = 5 * hierarchical.PIECE_BYTES // 4 + 3  # a size class of its own
+    count = 3 * hierarchical._TIMED_FROM // 4 + 3  # 3 MiB of float32: a size class of its own
     send = kernels.verify_inputs(MPI.SUM, "float32", rank, count)
     expected = kernels.verify_expected(MPI.SUM, "float32", n, count)
     problems = []
@@ -244,9 +246,9 @@ def test_the_node_times_both_ways_and_agrees(monkeypatch):
         if not np.array_equal(got, expected):
             problems.append(f"call {call}: wrong result")
     ctx = _comm.context(comm)
-    (choice,) = [v for key, v in ctx.extra.items() if key[0] == "pieces"]
-    timed = {p: len(t) for p, t in choice.times.items()}
-    if timed != {hierarchical.PIECE_BYTES: hierarchical._TRIALS + 1, 0: hierarchical._TRIALS + 1}:
+    (choice,) = [v for key, v in ctx.extra.items() if key[0] == "stores"]
+    timed = {way: len(t) for way, t in choice.times.items()}
+    if timed != {"cached": hierarchical._TRIALS + 1, "streaming": hierarchical._TRIALS + 1}:
         problems.append(f"timed calls per way: {timed}")
     # Each node chooses for itself (nodes of 2 consecutive ranks here).
     chosen = comm.allgather((rank // 2, choice.chosen))
@@ -256,10 +258,36 @@ def test_the_node_times_both_ways_and_agrees(monkeypatch):
     agree(WORLD, problems)
 
 
-def test_bad_piece_setting(monkeypatch):
-    monkeypatch.setenv("RINGMPI_PIECE_BYTES", "-1")
+@pytest.mark.parametrize(
+    "nodes", [(2, "block"), (3, "cyclic")], indirect=True, ids=["k2-block", "k3-cyclic"]
+)
+@pytest.mark.parametrize("stores", ["cached", "streaming"])
+def test_both_ways_of_storing(nodes, stores, monkeypatch):
+    monkeypatch.setenv("RINGMPI_WINDOW_STORES", stores)
+    monkeypatch.setenv("RINGMPI_PIECE_BYTES", "4096")  # many pieces, the last one short
     comm = WORLD.Dup()
-    with pytest.raises(ValueError, match="RINGMPI_PIECE_BYTES"):
+    rank, n = comm.Get_rank(), comm.Get_size()
+    problems = []
+    for count, op, dtype in [(100_003, ringmpi.AVG, "float64"), (7_001, MPI.BXOR, "uint8"),
+                             (3, MPI.PROD, "complex128")]:  # fmt: skip
+        send = kernels.verify_inputs(op, dtype, rank, count)
+        for in_place in (False, True):
+            got = send.copy() if in_place else np.empty_like(send)
+            ringmpi.Allreduce(MPI.IN_PLACE if in_place else send, got, op, comm,
+                              algorithm="hierarchical")  # fmt: skip
+            if not np.array_equal(got, kernels.verify_expected(op, dtype, n, count)):
+                problems.append(f"{stores}: {count} x {dtype} in_place={in_place}: wrong result")
+    comm.Free()
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("RINGMPI_PIECE_BYTES", "-1"), ("RINGMPI_WINDOW_STORES", "fast")]
+)
+def test_bad_window_settings(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    comm = WORLD.Dup()
+    with pytest.raises(ValueError, match=name):
         ringmpi.allreduce(np.ones(4), comm=comm, algorithm="hierarchical")
     comm.Free()
 

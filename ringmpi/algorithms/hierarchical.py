@@ -123,11 +123,18 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
     return found
 
 
-# The piece: bytes of the buffer one pass through the window handles when the
-# buffer goes through it in pieces (RINGMPI_PIECE_BYTES fixes it). See _choose.
-PIECE_BYTES = 1 << 21
-# Calls of each size class that time the two ways before the node settles on one.
+# Bytes of the buffer one pass through the window handles (RINGMPI_PIECE_BYTES),
+# for each way of storing to the window (RINGMPI_WINDOW_STORES); see _choose.
+PIECE_BYTES = {"cached": 1 << 21, "streaming": 1 << 20}
+STORES = ("auto", "cached", "streaming")
+# Calls of each size class that time each way before the node settles on one
+# (the first of each warms up and is not counted).
 _TRIALS = 3
+# From this buffer size on, auto times both ways (below it, it stores cached), and
+# the copy out of the window into the user's buffer streams past the caches: the
+# result is written once and not read again here, and a streaming store skips
+# reading each line before overwriting it (docs/performance.md).
+_TIMED_FROM = 1 << 20
 
 
 class _Window:
@@ -196,13 +203,14 @@ def hierarchical_allreduce(
 ) -> None:
     """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
     k, placement = node_settings()
-    fixed = positive_int("RINGMPI_PIECE_BYTES")
+    fixed, stores = positive_int("RINGMPI_PIECE_BYTES"), choice("RINGMPI_WINDOW_STORES", STORES)
     lay = layout(ctx, k, placement)
     src = work if source is None else source
     dt = work.dtype
     bounds = chunk_bounds(work.size, lay.slices)
     longest = max(b - a for a, b in itertools.pairwise(bounds))
-    piece, timing = _choose(ctx, lay, work.nbytes, fixed)
+    way, timing = _choose(ctx, lay, work.nbytes, stores)
+    piece = fixed or PIECE_BYTES[way]
     # A slot holds a piece's share of a slice, 64-byte aligned; with one piece in
     # all, one set of slots, otherwise two used in turn.
     per = max(1, min(longest, -(-piece // lay.slices // dt.itemsize)))
@@ -217,7 +225,7 @@ def hierarchical_allreduce(
         if win.shape is not None:
             win.sync()
         win.shape = shape
-    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets)
+    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming")
     started = MPI.Wtime()
     # Piece p uses slot set p % 2, and its three passes run in consecutive
     # intervals, software-pipelined: interval t publishes piece t, folds piece
@@ -266,24 +274,27 @@ def hierarchical_allreduce(
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
 
 
-def _choose(ctx: Context, lay: Layout, nbytes: int, fixed: int | None):
-    """The piece size for a call of ``nbytes``, and the list to time it into, if any.
+def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
+    """How this call stores to the window, and the list to time it into, if any.
 
-    Pieces of PIECE_BYTES keep each pass in cache, which wins where the node's
-    ranks share a cache; where they do not (ranks on different dies or sockets,
-    or virtual CPUs a hypervisor moves), data written by one rank and read by
-    another soon after is slow to fetch, and one piece -- each pass over the
-    whole buffer -- wins instead (docs/performance.md has both). So the first
-    calls of each size class (bytes rounded to a power of two) time both ways,
-    alternating, and the node keeps the faster: every local rank uses the same
-    maximum time over the node, so all choose alike. RINGMPI_PIECE_BYTES fixes
-    the piece and skips this.
+    Ordinary ("cached") stores leave the data a rank writes to the window in its
+    cache, which is the fastest way to hand it to a rank that shares that cache.
+    Where the ranks do not share one (different dies or sockets, or, on this
+    virtual machine, virtual CPUs the host places on different dies from one
+    launch to the next), fetching freshly written lines from another die's cache
+    is slower than reading memory, and "streaming" stores (non-temporal: past
+    the caches, straight to memory) win instead; docs/performance.md has both.
+    So with RINGMPI_WINDOW_STORES=auto the first calls of each size class (bytes
+    rounded to a power of two) from 1 MiB on time both ways, alternating, and
+    the node keeps the faster, and times it on, to choose again if it slows down
+    (:class:`_Choice`): every local rank uses the node's slowest time of each
+    call, so all choose alike.
     """
-    if fixed is not None:
-        return fixed, None
-    if nbytes <= 2 * PIECE_BYTES:
-        return PIECE_BYTES, None  # one or two pieces: the ways barely differ
-    key = ("pieces", id(lay), nbytes.bit_length())
+    if stores != "auto":
+        return stores, None
+    if nbytes < _TIMED_FROM:
+        return "cached", None
+    key = ("stores", id(lay), nbytes.bit_length())
     state = ctx.extra.get(key)
     if state is None:
         state = ctx.extra[key] = _Choice()
@@ -291,24 +302,33 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, fixed: int | None):
 
 
 class _Choice:
-    """The timing trials of one size class (see _choose)."""
+    """The timing trials of one size class (see _choose).
+
+    After choosing it keeps timing the chosen way: when the median of its last
+    calls is half as fast again as when it was chosen (the ranks moved, or the
+    machine changed under them), the trials start over.
+    """
 
     def __init__(self) -> None:
-        self.times: dict[int, list[float]] = {PIECE_BYTES: [], 0: []}
-        self.chosen: int | None = None
+        self.times: dict[str, list[float]] = {"cached": [], "streaming": []}
+        self.chosen: str | None = None
+        self.since: list[float] = []  # the chosen way's times since it was chosen
+        self.par = 0.0  # its median in the trials
 
-    def next(self) -> tuple[int, list[float] | None]:
-        if self.chosen is not None:
-            return self._piece(self.chosen), None
-        short = min(self.times, key=lambda p: len(self.times[p]))
-        if len(self.times[short]) <= _TRIALS:  # the first of each warms up, uncounted
-            return self._piece(short), self.times[short]
-        self.chosen = min(self.times, key=lambda p: float(np.median(self.times[p][1:])))
-        return self._piece(self.chosen), None
-
-    @staticmethod
-    def _piece(p: int) -> int:
-        return p or 1 << 62  # 0 stands for "the whole buffer in one piece"
+    def next(self) -> tuple[str, list[float]]:
+        if self.chosen is None:
+            way = min(self.times, key=lambda w: len(self.times[w]))
+            if len(self.times[way]) <= _TRIALS:
+                return way, self.times[way]
+            medians = {w: float(np.median(t[1:])) for w, t in self.times.items()}
+            self.chosen = min(medians, key=medians.__getitem__)
+            self.par, self.since = medians[self.chosen], []
+        del self.since[:-_TRIALS]
+        if len(self.since) == _TRIALS and float(np.median(self.since)) > 1.5 * self.par:
+            self.times = {w: [] for w in self.times}
+            self.chosen = None
+            return self.next()
+        return self.chosen, self.since
 
     def free(self) -> None:
         pass
@@ -322,8 +342,12 @@ class _Pieces:
     contribution where another rank owns j, the result where it owns j itself.
     """
 
-    def __init__(self, work, src, red, nranks, lay, win, bounds, per: int, sets: int) -> None:
+    def __init__(
+        self, work, src, red, nranks, lay, win, bounds, per: int, sets: int, streaming: bool
+    ) -> None:
         self.work, self.src, self.red, self.nranks = work, src, red, nranks
+        self.streaming = streaming  # stores to the window go past the caches
+        self.stream_out = work.nbytes >= _TIMED_FROM
         self.window = win.flat.view(work.dtype)
         self.stride = win.capacity // work.dtype.itemsize  # elements per segment
         self.bounds, self.lay, self.per, self.sets = bounds, lay, per, sets
@@ -341,7 +365,11 @@ class _Pieces:
         """Store this rank's part of the slices others own."""
         for j in self.theirs:
             off, lo, hi = self._cut(j, p)
-            copy(self.window[self.me + off : self.me + off + hi - lo], self.src[lo:hi])
+            copy(
+                self.window[self.me + off : self.me + off + hi - lo],
+                self.src[lo:hi],
+                self.streaming,
+            )
             self.stored += hi - lo
 
     def fold(self, p: int, finished: bool) -> None:
@@ -352,20 +380,28 @@ class _Pieces:
         for j in self.lay.owned:
             off, lo, hi = self._cut(j, p)
             out = self.work[lo:hi]
-            mine = self.window[self.me + off : self.me + off + hi - lo] if finished else out[:0]
-            self.red.fold(out, mine, self.src[lo:hi], self.window, self.stride, off,
-                          self.lay.local_rank, self.lay.local_size)  # fmt: skip
+            mine = self.window[self.me + off : self.me + off + hi - lo]
+            both = finished and not self.streaming
+            self.red.fold(out, mine if both else out[:0], self.src[lo:hi], self.window,
+                          self.stride, off, self.lay.local_rank, self.lay.local_size)  # fmt: skip
             self.loaded += (hi - lo) * (self.lay.local_size - 1)
             if finished:
                 self.red.finish(out, self.nranks)
-                self.red.finish(mine, self.nranks)
+                if both:
+                    self.red.finish(mine, self.nranks)
+                else:
+                    copy(mine, out, streaming=True)
                 self.stored += hi - lo
 
     def store(self, p: int) -> None:
         """Publish the finished owned slices (after the rails)."""
         for j in self.lay.owned:
             off, lo, hi = self._cut(j, p)
-            copy(self.window[self.me + off : self.me + off + hi - lo], self.work[lo:hi])
+            copy(
+                self.window[self.me + off : self.me + off + hi - lo],
+                self.work[lo:hi],
+                self.streaming,
+            )
             self.stored += hi - lo
 
     def copy_out(self, p: int) -> None:
@@ -373,5 +409,5 @@ class _Pieces:
         for j in self.theirs:
             off, lo, hi = self._cut(j, p)
             at = (j % self.lay.local_size) * self.stride + off
-            copy(self.work[lo:hi], self.window[at : at + hi - lo])
+            copy(self.work[lo:hi], self.window[at : at + hi - lo], self.stream_out)
             self.loaded += hi - lo

@@ -1,0 +1,51 @@
+"""How the hierarchical algorithm chooses its way of storing to the window (no mpirun needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringmpi.algorithms.hierarchical import _TRIALS, _Choice
+
+
+def _drive(times, calls: int) -> str:
+    """Run `calls` calls through a _Choice; `times(way, call)` is what each one takes."""
+    choice, ways = _Choice(), []
+    for call in range(calls):
+        way, timing = choice.next()
+        ways.append(way[0])
+        timing.append(times(way, call))
+    return "".join(ways)
+
+
+def test_trials_alternate_then_the_faster_way_stays():
+    ways = _drive(lambda way, call: 1.0 if way == "streaming" else 3.0, 20)
+    trials = 2 * (_TRIALS + 1)
+    assert ways[:trials] == "cs" * (_TRIALS + 1)
+    assert ways[trials:] == "s" * (20 - trials)
+
+
+def test_the_first_call_of_each_way_is_not_counted():
+    # The first cached call is very slow (a warm-up); cached is otherwise faster.
+    ways = _drive(lambda way, call: (100.0 if call == 0 else 1.0) if way == "cached" else 2.0, 12)
+    assert ways.endswith("cccc")
+
+
+@pytest.mark.parametrize("slower", [1.4, 5.0])
+def test_a_way_that_slows_down_is_timed_again(slower):
+    # Cached is chosen, then from call 12 on takes `slower` times as long: past 1.5x
+    # the trials start over and streaming wins; below it, cached stays.
+    def times(way, call):
+        if way == "streaming":
+            return 2.0
+        return 1.0 * (slower if call >= 12 else 1.0)
+
+    ways = _drive(times, 40)
+    trials = 2 * (_TRIALS + 1)
+    assert ways[trials:12] == "c" * (12 - trials)
+    if slower > 1.5:
+        again = 12 + _TRIALS // 2 + 1  # the median of the last calls is a slow one
+        assert ways[12:again] == "c" * (again - 12)
+        assert ways[again : again + trials] == "cs" * (_TRIALS + 1)
+        assert ways[again + trials :] == "s" * (40 - again - trials)
+    else:
+        assert ways[12:] == "c" * 28

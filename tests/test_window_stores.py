@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringmpi.algorithms.hierarchical import _TRIALS, _Choice
+from ringmpi.algorithms.hierarchical import _RETRY, _TRIALS, _Choice
 
 
 def _drive(times, calls: int) -> str:
@@ -28,6 +28,20 @@ def test_the_first_call_of_each_way_is_not_counted():
     # The first cached call is very slow (a warm-up); cached is otherwise faster.
     ways = _drive(lambda way, call: (100.0 if call == 0 else 1.0) if way == "cached" else 2.0, 12)
     assert ways.endswith("cccc")
+
+
+def test_a_way_is_timed_by_its_fastest_trial():
+    # Cached is faster but one of its counted trials is slow (noise): still cached.
+    ways = _drive(lambda way, call: (9.0 if call == 2 else 1.0) if way == "cached" else 2.0, 12)
+    assert ways.endswith("cccc")
+
+
+def test_the_trials_run_again_after_many_calls():
+    # A steady machine: the trials repeat every _RETRY calls of the chosen way.
+    trials = 2 * (_TRIALS + 1)
+    ways = _drive(lambda way, call: 1.0 if way == "streaming" else 3.0, 2 * (trials + _RETRY))
+    one = "cs" * (_TRIALS + 1) + "s" * _RETRY
+    assert ways == one + one
 
 
 @pytest.mark.parametrize("slower", [1.4, 5.0])

@@ -130,6 +130,8 @@ STORES = ("auto", "cached", "streaming")
 # Calls of each size class that time each way before the node settles on one
 # (the first of each warms up and is not counted).
 _TRIALS = 3
+# Calls of the chosen way after which the trials run again regardless.
+_RETRY = 256
 # From this buffer size on, auto times both ways (below it, it stores cached), and
 # the copy out of the window into the user's buffer streams past the caches: the
 # result is written once and not read again here, and a streaming store skips
@@ -287,8 +289,8 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
     So with RINGMPI_WINDOW_STORES=auto the first calls of each size class (bytes
     rounded to a power of two) from 1 MiB on time both ways, alternating, and
     the node keeps the faster, and times it on, to choose again if it slows down
-    (:class:`_Choice`): every local rank uses the node's slowest time of each
-    call, so all choose alike.
+    and every _RETRY calls (:class:`_Choice`): every local rank uses the node's
+    slowest time of each call, so all choose alike.
     """
     if stores != "auto":
         return stores, None
@@ -304,30 +306,37 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
 class _Choice:
     """The timing trials of one size class (see _choose).
 
-    After choosing it keeps timing the chosen way: when the median of its last
-    calls is half as fast again as when it was chosen (the ranks moved, or the
-    machine changed under them), the trials start over.
+    Each way's time is the fastest of its counted trial calls (the slow ones
+    are the noise: page faults of a window that just grew, another process).
+    After choosing it keeps timing the chosen way, and the trials start over
+    when the median of its last calls is half as slow again as when it was
+    chosen (the ranks moved, or the machine changed under them), or after
+    _RETRY calls in any case, so that a choice that was wrong from the start
+    does not stay.
     """
 
     def __init__(self) -> None:
         self.times: dict[str, list[float]] = {"cached": [], "streaming": []}
         self.chosen: str | None = None
-        self.since: list[float] = []  # the chosen way's times since it was chosen
-        self.par = 0.0  # its median in the trials
+        self.since: list[float] = []  # the chosen way's last times
+        self.calls = 0  # calls since the choice
+        self.par = 0.0  # the chosen way's time in the trials
 
     def next(self) -> tuple[str, list[float]]:
         if self.chosen is None:
             way = min(self.times, key=lambda w: len(self.times[w]))
             if len(self.times[way]) <= _TRIALS:
                 return way, self.times[way]
-            medians = {w: float(np.median(t[1:])) for w, t in self.times.items()}
-            self.chosen = min(medians, key=medians.__getitem__)
-            self.par, self.since = medians[self.chosen], []
+            best = {w: min(t[1:]) for w, t in self.times.items()}
+            self.chosen = min(best, key=best.__getitem__)
+            self.par, self.since, self.calls = best[self.chosen], [], 0
         del self.since[:-_TRIALS]
-        if len(self.since) == _TRIALS and float(np.median(self.since)) > 1.5 * self.par:
+        slower = len(self.since) == _TRIALS and float(np.median(self.since)) > 1.5 * self.par
+        if slower or self.calls >= _RETRY:
             self.times = {w: [] for w in self.times}
             self.chosen = None
             return self.next()
+        self.calls += 1
         return self.chosen, self.since
 
     def free(self) -> None:

@@ -23,12 +23,14 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    order on every rank, so the rails never wait on each other in a cycle.
 3. Every rank copies the slices it does not own out of shared memory.
 
-On one node the buffer goes through the window in **pieces** of 2 MiB, so that
-every pass works in cache, software-pipelined: while piece p is published,
-piece p - 1 is folded and piece p - 2 copied out, with one node
-synchronisation per step. Where the ranks do not share a cache that is slower
-than one pass over the whole buffer, so the first calls of each size time
-both and the node keeps the faster (:func:`_choose`).
+The buffer goes through the window in **pieces** (2 MiB of it at a time), so
+that every pass works in cache, software-pipelined: while piece p is
+published, piece p - 1 is folded and piece p - 2 copied out, with one node
+synchronisation per step. Stores to the window are ordinary ("cached"), which
+hands data over fastest between ranks that share a cache, or non-temporal
+("streaming", straight to memory), which is faster between ranks on different
+dies; the first calls of each size time both and the node keeps the faster
+(:func:`_choose`). Copies out into the user's buffer stream from 1 MiB on.
 
 Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
 window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
@@ -370,16 +372,18 @@ class _Pieces:
         lo, hi = min(b + p * self.per, end), min(b + (p + 1) * self.per, end)
         return ((p % self.sets) * self.lay.slices + j) * self.per, lo, hi
 
+    def _mine(self, off: int, n: int) -> np.ndarray:
+        return self.window[self.me + off : self.me + off + n]
+
+    def _put(self, slices: list[int], data: np.ndarray, p: int) -> None:
+        for j in slices:
+            off, lo, hi = self._cut(j, p)
+            copy(self._mine(off, hi - lo), data[lo:hi], self.streaming)
+            self.stored += hi - lo
+
     def publish(self, p: int) -> None:
         """Store this rank's part of the slices others own."""
-        for j in self.theirs:
-            off, lo, hi = self._cut(j, p)
-            copy(
-                self.window[self.me + off : self.me + off + hi - lo],
-                self.src[lo:hi],
-                self.streaming,
-            )
-            self.stored += hi - lo
+        self._put(self.theirs, self.src, p)
 
     def fold(self, p: int, finished: bool) -> None:
         """Reduce the owned slices over the L contributions into `work`, in one kernel
@@ -389,7 +393,7 @@ class _Pieces:
         for j in self.lay.owned:
             off, lo, hi = self._cut(j, p)
             out = self.work[lo:hi]
-            mine = self.window[self.me + off : self.me + off + hi - lo]
+            mine = self._mine(off, hi - lo)
             both = finished and not self.streaming
             self.red.fold(out, mine if both else out[:0], self.src[lo:hi], self.window,
                           self.stride, off, self.lay.local_rank, self.lay.local_size)  # fmt: skip
@@ -404,14 +408,7 @@ class _Pieces:
 
     def store(self, p: int) -> None:
         """Publish the finished owned slices (after the rails)."""
-        for j in self.lay.owned:
-            off, lo, hi = self._cut(j, p)
-            copy(
-                self.window[self.me + off : self.me + off + hi - lo],
-                self.work[lo:hi],
-                self.streaming,
-            )
-            self.stored += hi - lo
+        self._put(self.lay.owned, self.work, p)
 
     def copy_out(self, p: int) -> None:
         """Copy the slices the other local ranks finished into `work`."""

@@ -308,13 +308,13 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
 class _Choice:
     """The timing trials of one size class (see _choose).
 
-    Each way's time is the fastest of its counted trial calls (the slow ones
-    are the noise: page faults of a window that just grew, another process).
-    After choosing it keeps timing the chosen way, and the trials start over
-    when the median of its last calls is half as slow again as when it was
-    chosen (the ranks moved, or the machine changed under them), or after
-    _RETRY calls in any case, so that a choice that was wrong from the start
-    does not stay.
+    The faster way is the one with the fastest counted trial call (the slow
+    ones are the noise: page faults of a window that just grew, another
+    process). After choosing it keeps timing the chosen way, and the trials
+    start over when the median of its last calls is half as slow again as the
+    median of its trials (the ranks moved, or the machine changed under them),
+    or after _RETRY calls in any case, so that a choice that was wrong from the
+    start does not stay.
     """
 
     def __init__(self) -> None:
@@ -331,7 +331,8 @@ class _Choice:
                 return way, self.times[way]
             best = {w: min(t[1:]) for w, t in self.times.items()}
             self.chosen = min(best, key=best.__getitem__)
-            self.par, self.since, self.calls = best[self.chosen], [], 0
+            typical = float(np.median(self.times[self.chosen][1:]))
+            self.par, self.since, self.calls = typical, [], 0
         del self.since[:-_TRIALS]
         slower = len(self.since) == _TRIALS and float(np.median(self.since)) > 1.5 * self.par
         if slower or self.calls >= _RETRY:

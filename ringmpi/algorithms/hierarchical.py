@@ -229,7 +229,8 @@ def hierarchical_allreduce(
         if win.shape is not None:
             win.sync()
         win.shape = shape
-    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming")
+    scratch = ctx.scratch(per * dt.itemsize).view(dt)
+    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", scratch)
     started = MPI.Wtime()
     # Piece p uses slot set p % 2, and its three passes run in consecutive
     # intervals, software-pipelined: interval t publishes piece t, folds piece
@@ -355,11 +356,13 @@ class _Pieces:
     """
 
     def __init__(
-        self, work, src, red, nranks, lay, win, bounds, per: int, sets: int, streaming: bool
-    ) -> None:
+        self, work, src, red, nranks, lay, win, bounds, per: int, sets: int, streaming: bool,
+        scratch: np.ndarray,
+    ) -> None:  # fmt: skip
         self.work, self.src, self.red, self.nranks = work, src, red, nranks
         self.streaming = streaming  # stores to the window go past the caches
         self.stream_out = work.nbytes >= _TIMED_FROM
+        self.scratch = scratch
         self.window = win.flat.view(work.dtype)
         self.stride = win.capacity // work.dtype.itemsize  # elements per segment
         self.bounds, self.lay, self.per, self.sets = bounds, lay, per, sets
@@ -393,19 +396,24 @@ class _Pieces:
         the others, and finish (AVG divides)."""
         for j in self.lay.owned:
             off, lo, hi = self._cut(j, p)
-            out = self.work[lo:hi]
             mine = self._mine(off, hi - lo)
-            both = finished and not self.streaming
-            self.red.fold(out, mine if both else out[:0], self.src[lo:hi], self.window,
-                          self.stride, off, self.lay.local_rank, self.lay.local_size)  # fmt: skip
-            self.loaded += (hi - lo) * (self.lay.local_size - 1)
+            if not finished:  # across nodes: the rails take it from `work`
+                out, also = self.work[lo:hi], self.work[:0]
+            elif self.streaming:  # into cache, then streamed to `work` and to the slot
+                out, also = self.scratch[: hi - lo], self.work[:0]
+            else:  # to `work` and, for the others, to the slot in one pass
+                out, also = self.work[lo:hi], mine
+            self.red.fold(out, also, self.src[lo:hi], self.window, self.stride, off,
+                          self.lay.local_rank, self.lay.local_size)  # fmt: skip
             if finished:
                 self.red.finish(out, self.nranks)
-                if both:
-                    self.red.finish(mine, self.nranks)
-                else:
+                if self.streaming:
                     copy(mine, out, streaming=True)
+                    copy(self.work[lo:hi], out, streaming=True)
+                else:
+                    self.red.finish(mine, self.nranks)
                 self.stored += hi - lo
+            self.loaded += (hi - lo) * (self.lay.local_size - 1)
 
     def store(self, p: int) -> None:
         """Publish the finished owned slices (after the rails)."""

@@ -232,11 +232,11 @@ def hierarchical_allreduce(
     scratch = ctx.scratch(per * dt.itemsize).view(dt)
     go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", scratch)
     started = MPI.Wtime()
-    # Piece p uses slot set p % 2, and its three passes run in consecutive
-    # intervals, software-pipelined: interval t publishes piece t, folds piece
-    # t - 1 and copies out piece t - 2, with one node synchronisation per
-    # interval. Every pass is thus separated by one from the pass before it on
-    # the same piece, and from the passes of piece p - 2 that used the same slots.
+    # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
+    # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
+    # out piece t - 2, with one node synchronisation per step. Every pass is thus
+    # separated by one from the pass before it on the same piece, and from the
+    # passes of piece p - 2 that used the same slots.
     if lay.nodes == 1:
         for t in range(pieces + 2):
             if t < pieces:

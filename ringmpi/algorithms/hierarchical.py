@@ -229,8 +229,7 @@ def hierarchical_allreduce(
         if win.shape is not None:
             win.sync()
         win.shape = shape
-    scratch = ctx.scratch(per * dt.itemsize).view(dt)
-    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", scratch)
+    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", ctx)
     started = MPI.Wtime()
     # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
     # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
@@ -357,12 +356,15 @@ class _Pieces:
 
     def __init__(
         self, work, src, red, nranks, lay, win, bounds, per: int, sets: int, streaming: bool,
-        scratch: np.ndarray,
+        ctx: Context,
     ) -> None:  # fmt: skip
         self.work, self.src, self.red, self.nranks = work, src, red, nranks
         self.streaming = streaming  # stores to the window go past the caches
         self.stream_out = work.nbytes >= _TIMED_FROM
-        self.scratch = scratch
+        # Streaming folds into this cache-sized piece first (one node only; the
+        # rails, which also use the context's scratch, run only across nodes).
+        one_node = streaming and lay.nodes == 1
+        self.scratch = ctx.scratch(per * work.itemsize).view(work.dtype) if one_node else None
         self.window = win.flat.view(work.dtype)
         self.stride = win.capacity // work.dtype.itemsize  # elements per segment
         self.bounds, self.lay, self.per, self.sets = bounds, lay, per, sets
@@ -409,7 +411,7 @@ class _Pieces:
                 self.red.finish(out, self.nranks)
                 if self.streaming:
                     copy(mine, out, streaming=True)
-                    copy(self.work[lo:hi], out, streaming=True)
+                    copy(self.work[lo:hi], out, self.stream_out)
                 else:
                     self.red.finish(mine, self.nranks)
                 self.stored += hi - lo

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import ringmpi
 
-from . import _trace, algorithms
+from . import _engine, _trace, algorithms
 from ._comm import Context, context, sleepy_barrier
 from .algorithms.hierarchical import STORES, node_settings
 from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
@@ -129,10 +129,11 @@ def _warm(ctx: Context, red: Any) -> float:
     """
     # Sleepy barriers: ranks that spin would take the CPU from ranks still compiling.
     first = ctx.node.Get_rank() == 0
-    took = red.warm() if first else 0.0
+    took = red.warm() + _engine.warm(red) if first else 0.0
     sleepy_barrier(ctx.node)
     if not first:
         red.warm()
+        _engine.warm(red)
     sleepy_barrier(ctx.node)
     return ctx.comm.allreduce(took, op=MPI.MAX)
 

@@ -15,9 +15,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from . import plans
 from ._settings import choice
 from .kernels import Reduction, decode_tag
-from .schedule import Step, ring_steps
 
 __all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
 
@@ -25,6 +25,8 @@ __all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
 # Measured (docs/performance.md, 8-byte ring on 2 cores): spinning is faster up to
 # 8 ranks, even at 16, and 5x slower at 32 (109 ms against 22 ms) and 3x at 64.
 _CROWDED = 8
+# Plans kept per communicator (a few rows each; a program calls with few sizes).
+_PLANS_KEPT = 64
 
 
 class Context:
@@ -35,12 +37,13 @@ class Context:
         # Dup returns the caller's class; ringmpi.Comm overrides Allreduce, so keep a
         # plain Intracomm handle to the duplicate for the MPI baseline to call.
         self.comm = MPI.Intracomm(comm.Dup())
+        # Errors come back as codes to the step engine, which names the step.
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.right = (self.rank + 1) % self.size
         self.left = (self.rank - 1) % self.size
-        self.ring_plan: list[Step] = list(ring_steps(self.size, self.rank))
-        self.status = MPI.Status()
+        self._plans: dict[tuple[str, int], plans.Plan] = {}
         self._scratch = np.empty(0, np.uint8)
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}
@@ -70,32 +73,15 @@ class Context:
             said.append(f"count: {their_count} there, {my_count} here (mod {self._count_mod})")
         return "ranks disagree on " + "; ".join(said)
 
-    def exchange(
-        self, send: list, dest: int, tag: int, recv: list, source: int, status: MPI.Status
-    ) -> None:
-        """MPI_Sendrecv to ``dest`` and from ``source`` (any tag; ``status`` filled).
-
-        MPI waits by spinning. When this node runs many more ranks than it has
-        cores, a spinning rank takes the core from the very rank it waits for,
-        so there the wait polls MPI and gives the core away between polls
-        (``time.sleep(0)``). ``RINGMPI_WAIT=spin|sleep`` forces either.
-        """
-        if not self.sleepy:
-            self.comm.Sendrecv(send, dest, tag, recv, source, MPI.ANY_TAG, status)
-            return
-        rreq = self.comm.Irecv(recv, source, MPI.ANY_TAG)
-        sreq = self.comm.Isend(send, dest, tag)
-        received = sent = False
-        try:
-            while not (received and sent):
-                received = received or rreq.Test(status)
-                sent = sent or sreq.Test()
-                if not (received and sent):
-                    time.sleep(0)
-        except MPI.Exception:
-            if not sent:
-                sreq.Wait()  # never leave a send in flight from the user's buffer
-            raise
+    def plan(self, algorithm: str, count: int) -> plans.Plan:
+        """This rank's plan of ``algorithm`` for ``count`` elements (cached)."""
+        key = (algorithm, count)
+        found = self._plans.get(key)
+        if found is None:
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            found = self._plans[key] = plans.plan(algorithm, self.size, self.rank, count)
+        return found
 
     def barrier(self) -> None:
         if self.sleepy:

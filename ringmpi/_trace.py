@@ -11,7 +11,7 @@ __all__ = ["Event", "Trace", "trace"]
 
 @dataclass(frozen=True)
 class Event:
-    """One send this rank made."""
+    """What this rank sent in one step to one peer."""
 
     call: int  # which call inside the trace block, from 0
     algorithm: str
@@ -19,6 +19,7 @@ class Event:
     step: int
     peer: int  # the destination rank in the communicator the call was given
     nbytes: int
+    messages: int = 1  # MPI messages it took (a step sends its chunk in segments)
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Trace:
 
     @property
     def messages(self) -> int:
-        return len(self.events)
+        return sum(e.messages for e in self.events)
 
     @property
     def steps(self) -> int:
@@ -51,10 +52,12 @@ class Trace:
 _active: list[Trace] = []
 
 
-def record(algorithm: str, phase: str, step: int, peer: int, nbytes: int) -> None:
-    """Record one send and the step it belongs to (called by the algorithms)."""
+def record(
+    algorithm: str, phase: str, step: int, peer: int, nbytes: int, messages: int = 1
+) -> None:
+    """Record what one step sent to one peer (called by the algorithms)."""
     for t in _active:
-        t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes))
+        t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes, messages))
 
 
 def record_shared(written: int, read: int) -> None:

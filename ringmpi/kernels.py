@@ -25,7 +25,8 @@ import numba
 import numpy as np
 from llvmlite import ir
 from mpi4py import MPI
-from numba.extending import intrinsic
+from numba import types
+from numba.extending import intrinsic, overload
 
 __all__ = [
     "AVG",
@@ -156,6 +157,96 @@ def _fold(out, copy, src, window, stride, offset, skip, ranks, op):
             for i in range(n):
                 out[i] = op(out[i], inp[i])
         first = False
+
+
+@_element
+def _apply_reversed(acc, inp, op):
+    """``acc = inp (op) acc``: the other rank's operand first."""
+    for i in range(acc.size):
+        acc[i] = op(inp[i], acc[i])
+
+
+@_element
+def _apply_either(acc, inp, reverse, op):
+    if reverse:
+        _apply_reversed(acc, inp, op)
+    else:
+        _apply(acc, inp, op)
+
+
+# --- the ops by code, for compiled step loops ---------------------------------
+# A step loop (ringmpi._engine) is compiled once per dtype and takes the op as a
+# number; the branch per call costs nothing against a loop over the elements.
+# Each dtype's loop holds only the ops MPI defines for it: the others are pruned
+# before typing (they would not compile, e.g. ``&`` on floats).
+
+OP_SUM, OP_PROD, OP_MAX, OP_MIN, OP_LAND, OP_LOR, OP_LXOR, OP_BAND, OP_BOR, OP_BXOR = range(10)
+
+
+def combine_by_code(acc, inp, code, reverse):
+    """``acc = acc (op) inp`` (``inp (op) acc`` if ``reverse``) for op number ``code``;
+    only in compiled code."""
+    raise NotImplementedError("combine_by_code runs in Numba-compiled code only")
+
+
+@overload(combine_by_code, jit_options={"error_model": "numpy"})
+def _combine_by_code(acc, inp, code, reverse):
+    dt = acc.dtype
+    boolean = isinstance(dt, types.Boolean)
+    integer = isinstance(dt, types.Integer)
+    ordered = integer or isinstance(dt, types.Float)
+
+    def impl(acc, inp, code, reverse):
+        if code == OP_SUM:
+            if not boolean:
+                _apply_either(acc, inp, reverse, _add)
+        elif code == OP_PROD:
+            if not boolean:
+                _apply_either(acc, inp, reverse, _mul)
+        elif code == OP_MAX:
+            if ordered:
+                _apply_either(acc, inp, reverse, _greater)
+        elif code == OP_MIN:
+            if ordered:
+                _apply_either(acc, inp, reverse, _lesser)
+        elif code == OP_LAND:
+            if integer or boolean:
+                _apply_either(acc, inp, reverse, _and)
+        elif code == OP_LOR:
+            if integer or boolean:
+                _apply_either(acc, inp, reverse, _or)
+        elif code == OP_LXOR:
+            if integer or boolean:
+                _apply_either(acc, inp, reverse, _xor)
+        elif code == OP_BAND:
+            if integer:
+                _apply_either(acc, inp, reverse, _bitand)
+        elif code == OP_BOR:
+            if integer:
+                _apply_either(acc, inp, reverse, _bitor)
+        elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
+            if integer:
+                _apply_either(acc, inp, reverse, _bitxor)
+
+    return impl
+
+
+def divide_by(acc, divisor):
+    """``acc /= divisor[0]`` for floating types (AVG's one division); only in compiled code."""
+    raise NotImplementedError("divide_by runs in Numba-compiled code only")
+
+
+@overload(divide_by, jit_options={"error_model": "numpy"})
+def _divide_by(acc, divisor):
+    floating = isinstance(acc.dtype, types.Float)
+
+    def impl(acc, divisor):
+        if floating:
+            d = divisor[0]
+            for i in range(acc.size):
+                acc[i] = acc[i] / d
+
+    return impl
 
 
 # --- the kernels: a (combine, fold) pair per op ------------------------------
@@ -409,6 +500,9 @@ _OPS: tuple[_OpSpec, ...] = (
 )
 
 OPS: tuple[str, ...] = tuple(spec.name for spec in _OPS)
+_CODES = {"sum": OP_SUM, "prod": OP_PROD, "max": OP_MAX, "min": OP_MIN, "land": OP_LAND,
+          "lor": OP_LOR, "lxor": OP_LXOR, "band": OP_BAND, "bor": OP_BOR,
+          "bxor": OP_BXOR}  # fmt: skip
 
 
 def _spec_of(op: object) -> _OpSpec:
@@ -438,6 +532,7 @@ class Reduction:
     _combine: Callable
     _fold: Callable
     _is_avg: bool
+    code: int  # the op's number for compiled step loops (AVG: SUM's; they divide apart)
     # Complex SUM and AVG act on each real component alone, so their kernels run on
     # the arrays viewed as reals: AVG then divides each component exactly once, and
     # infinities keep a zero imaginary part where complex division would give NaN.
@@ -445,6 +540,18 @@ class Reduction:
 
     def _lanes(self, a: np.ndarray) -> np.ndarray:
         return a.view(a.real.dtype) if self._split else a
+
+    def lanes(self, a: np.ndarray) -> np.ndarray:
+        """``a`` as the compiled step loops take it: complex SUM and AVG as reals."""
+        return self._lanes(a)
+
+    def divisor(self, nranks: int) -> np.ndarray:
+        """What a step loop divides the finished elements by: ``[nranks]`` for AVG
+        (in the lanes' type, so the one division is in the data's precision), else
+        empty."""
+        if not self._is_avg or nranks <= 1:
+            return np.zeros(0, self._lanes(np.zeros(0, self.dtype)).dtype)
+        return np.full(1, nranks, self._lanes(np.zeros(0, self.dtype)).dtype)
 
     def combine(self, acc: np.ndarray, inp: np.ndarray) -> None:
         """``acc = acc (op) inp`` elementwise, in place."""
@@ -497,15 +604,24 @@ class Reduction:
 
 
 _cache: dict[tuple[str, str], Reduction] = {}
+_quick: dict[tuple[int, np.dtype], Reduction] = {}
 
 
 def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
     """The :class:`Reduction` for ``op`` on ``dtype``; TypeError if MPI does not allow it."""
+    # The cache is keyed by the op's MPI handle (mpi4py's Op objects are not
+    # hashable) and the dtype: a call on a known pair costs two lookups.
+    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    quick = (MPI._handleof(op) if isinstance(op, MPI.Op) else id(op), dt)
+    found = _quick.get(quick)
+    if found is not None:
+        return found
     spec = _spec_of(op)
-    dt = np.dtype(dtype)
     key = (spec.name, dt.str)
     found = _cache.get(key)
     if found is not None:
+        if isinstance(op, MPI.Op) or op is AVG:
+            _quick[quick] = found
         return found
     if dt not in DTYPES or not dt.isnative:
         names = ", ".join(d.name for d in DTYPES)
@@ -517,8 +633,13 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
         )
     tag = 1 + _OPS.index(spec) * 64 + DTYPES.index(dt)
     split = dt.kind == "c" and spec.name in ("sum", "avg")
-    red = Reduction(spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.fold, spec.op is AVG, split)
+    code = _CODES["sum" if spec.op is AVG else spec.name]
+    red = Reduction(
+        spec.name, dt, spec.mpi_op, tag, spec.kernel, spec.fold, spec.op is AVG, code, split
+    )
     _cache[key] = red
+    if isinstance(op, MPI.Op) or op is AVG:
+        _quick[quick] = red
     return red
 
 
@@ -653,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
                 n += 1
         for streaming in (False, True):
             copy(np.zeros(8, np.uint8), np.ones(8, np.uint8), streaming)
+        from . import _engine  # noqa: PLC0415 (the step engine imports this module)
+
+        _engine.warm()
         print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s")
         return 0
     _bench(args.bytes, args.reps)

@@ -429,15 +429,18 @@ def test_trace_matches_closed_form(comms, name, count, dtype):
 
 @pytest.mark.parametrize("segment_bytes", [64, 1000])
 def test_trace_counts_every_segment(monkeypatch, segment_bytes):
-    """Reduce-scatter sends each chunk in as many segments as the longest chunk needs."""
+    """Every message goes in segments of at most RINGMPI_SEGMENT_BYTES (whole elements)."""
     monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", str(segment_bytes))
     count, itemsize = 1009, 8
     buf = inputs(count)
     with ringmpi.trace() as t:
         ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm="ring")
-    nseg = -(-chunk_sizes(count, SIZE)[0] * itemsize // segment_bytes)
+    sizes, per = chunk_sizes(count, SIZE), segment_bytes // itemsize
+    sent = [sizes[(RANK - s) % SIZE] for s in range(SIZE - 1)]  # reduce-scatter
+    sent += [sizes[(RANK - s + 1) % SIZE] for s in range(SIZE - 1)]  # all-gather
+    segments = sum(max(1, -(-size // per)) for size in sent)
     got = (t.bytes_sent, t.messages, t.steps)
-    want = (ring_closed_form(count, itemsize, SIZE, RANK), (SIZE - 1) * (nseg + 1), 2 * (SIZE - 1))
+    want = (ring_closed_form(count, itemsize, SIZE, RANK), segments, 2 * (SIZE - 1))
     problems = mismatch("result", buf, expected(count))
     if got != want:
         problems.append(f"(bytes, messages, steps) {got}, expected {want}")

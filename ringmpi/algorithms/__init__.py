@@ -11,12 +11,12 @@ names up with :func:`lookup`.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _settings
 from .._comm import Context
 from ..kernels import Reduction
 
@@ -67,7 +67,7 @@ def choose(name: str, nbytes: int, ctx: Context) -> Algorithm:
     and a cost model come later).
     """
     if name == "auto":
-        name = os.environ.get("RINGMPI_ALGORITHM", "auto") or "auto"
+        name = _settings.get("RINGMPI_ALGORITHM") or "auto"
         lookup(name)
     if name == "auto":
         name = "ring"
@@ -79,4 +79,4 @@ def get(name: str) -> Algorithm:
 
 
 # Importing the modules registers them.
-from . import hierarchical, mpi, ring  # noqa: E402, F401
+from . import hierarchical, latency, mpi, ring  # noqa: E402, F401

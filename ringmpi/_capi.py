@@ -1,0 +1,221 @@
+"""MPI's C functions, called from Numba-compiled code: a step costs what it costs in C.
+
+The MPI library is the one mpi4py loaded (MPICH's ABI or Open MPI's). Its
+symbols are made visible to Numba's JIT linker once, at import
+(``load_library_permanently``), and each binding below is an intrinsic that
+emits a plain call to the C symbol by name. Compiled code thus holds no
+address, only the name, so Numba's on-disk cache keeps it across runs and the
+same cached code links against either family.
+
+The two families' handles differ in type: MPICH's ``MPI_Comm``,
+``MPI_Datatype`` and ``MPI_Request`` are C ``int``; Open MPI's are pointers.
+Every handle is passed in a 64-bit integer register (x86-64 and AArch64 pass
+an ``int`` in the low half of one, so an ``int`` handle sign-extended to 64
+bits is the same argument), and requests and statuses live in byte arrays
+whose element sizes come from mpi4py (:class:`Abi`). Where the tag sits in an
+``MPI_Status`` is measured once with a message to self, not assumed.
+
+numba-mpi binds MPI the same way in spirit (ctypes there), but only for
+COMM_WORLD and without float32; ringmpi takes each call's communicator handle
+from mpi4py instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from llvmlite import binding, ir
+from mpi4py import MPI
+from numba import types
+from numba.extending import intrinsic
+
+__all__ = ["Abi", "abi", "handle"]
+
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
+
+
+def _library_path() -> str:
+    """The file of the MPI library this process has loaded (through mpi4py)."""
+    if sys.platform.startswith("linux"):
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                name = os.path.basename(path)
+                if name.startswith("libmpi.") or name.startswith("libmpi_"):
+                    return path
+    found = ctypes.util.find_library("mpi")
+    if found is None:
+        raise ImportError("ringmpi cannot find the MPI library that mpi4py loaded")
+    return found
+
+
+binding.load_library_permanently(_library_path())
+
+
+def _declare(builder: ir.IRBuilder, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    found = builder.module.globals.get(name)
+    return (
+        found
+        if found is not None
+        else ir.Function(builder.module, ir.FunctionType(ret, args), name)
+    )
+
+
+def _emit(context, builder, sig, args, name: str, kinds: str):
+    """Call C function ``name``: ``kinds`` says per argument ``i`` (C int) or ``p``
+    (a handle or an address: 64 bits); it returns an int (an MPI error code)."""
+    ntypes = [types.int64 if k == "p" else types.int32 for k in kinds]
+    fn = _declare(builder, name, _I32, [_I64 if k == "p" else _I32 for k in kinds])
+    cast = [
+        context.cast(builder, v, t, nt) for v, t, nt in zip(args, sig.args, ntypes, strict=True)
+    ]
+    return builder.call(fn, cast)
+
+
+# One intrinsic per C function, each a straight call: (addresses and handles are int64).
+
+
+@intrinsic
+def mpi_isend(typingctx, buf, count, datatype, dest, tag, comm, request):
+    """MPI_Isend(buf, count, datatype, dest, tag, comm, request)."""
+    sig = types.int32(buf, count, datatype, dest, tag, comm, request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Isend", "pipiipp")
+
+
+@intrinsic
+def mpi_irecv(typingctx, buf, count, datatype, source, tag, comm, request):
+    """MPI_Irecv(buf, count, datatype, source, tag, comm, request)."""
+    sig = types.int32(buf, count, datatype, source, tag, comm, request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Irecv", "pipiipp")
+
+
+@intrinsic
+def mpi_wait(typingctx, request, status):
+    """MPI_Wait(request, status)."""
+    sig = types.int32(request, status)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Wait", "pp")
+
+
+@intrinsic
+def mpi_test(typingctx, request, flag, status):
+    """MPI_Test(request, flag, status)."""
+    sig = types.int32(request, flag, status)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Test", "ppp")
+
+
+@intrinsic
+def mpi_sendrecv(typingctx, sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag,
+                 comm, status):  # fmt: skip
+    """MPI_Sendrecv(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag, comm,
+    status)."""
+    sig = types.int32(sbuf, scount, stype, dest, stag, rbuf, rcount, rtype, source, rtag, comm,
+                      status)  # fmt: skip
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Sendrecv", "pipiipipiipp")
+
+
+@intrinsic
+def mpi_cancel(typingctx, request):
+    """MPI_Cancel(request)."""
+    sig = types.int32(request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Cancel", "p")
+
+
+@intrinsic
+def mpi_request_free(typingctx, request):
+    """MPI_Request_free(request)."""
+    sig = types.int32(request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Request_free", "p")
+
+
+@intrinsic
+def mpi_get_count(typingctx, status, datatype, count):
+    """MPI_Get_count(status, datatype, count)."""
+    sig = types.int32(status, datatype, count)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Get_count", "ppp")
+
+
+@intrinsic
+def sched_yield(typingctx):
+    """The C library's sched_yield(): give the core to another runnable process."""
+
+    def codegen(context, builder, sig, args):
+        return builder.call(_declare(builder, "sched_yield", _I32, []), [])
+
+    return types.int32(), codegen
+
+
+@dataclass(frozen=True)
+class Abi:
+    """What compiled code needs to know of the loaded MPI's ABI."""
+
+    byte: int  # the MPI_BYTE handle
+    request_size: int  # bytes of an MPI_Request
+    status_size: int  # bytes of an MPI_Status
+    tag_offset: int  # byte offset of MPI_TAG in an MPI_Status
+    any_tag: int
+    proc_null: int
+
+
+def handle(obj: object) -> int:
+    """The C handle of an mpi4py object as a signed 64-bit integer.
+
+    mpi4py returns an ``int`` handle as an unsigned number; sign-extending it
+    gives the value C would pass (and a type Numba compiles once).
+    """
+    h = MPI._handleof(obj)
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+@numba.njit(cache=True)
+def _probe_tag(byte, comm, tag, request, status):
+    # One message to self; returns the MPI error code of the first failing call.
+    out = np.zeros(1, np.uint8)
+    got = np.zeros(1, np.uint8)
+    err = mpi_irecv(got.ctypes.data, 1, byte, 0, tag, comm, request.ctypes.data)
+    if err != 0:
+        return err
+    err = mpi_isend(out.ctypes.data, 1, byte, 0, tag, comm, request.ctypes.data + request.size // 2)
+    if err != 0:
+        return err
+    err = mpi_wait(request.ctypes.data + request.size // 2, status.ctypes.data)
+    if err != 0:
+        return err
+    return mpi_wait(request.ctypes.data, status.ctypes.data)
+
+
+_abi: Abi | None = None
+
+
+def abi() -> Abi:
+    """The loaded MPI's :class:`Abi` (measured on first use)."""
+    global _abi
+    if _abi is None:
+        request_size = MPI._sizeof(MPI.Request)
+        status_size = MPI._sizeof(MPI.Status)
+        tag = 0x2A5C  # within every MPI's tag range (at least 32767)
+        request = np.zeros(2 * request_size, np.uint8)
+        status = np.zeros(status_size, np.uint8)
+        err = _probe_tag(handle(MPI.BYTE), handle(MPI.COMM_SELF), tag, request, status)
+        if err != 0:
+            raise RuntimeError(
+                f"a message to self through MPI's C ABI failed: {MPI.Get_error_string(err)}"
+            )
+        ints = status[: status_size - status_size % 4].view(np.int32)
+        where = np.flatnonzero(ints == tag)
+        if where.size != 1:
+            raise RuntimeError("cannot find MPI_TAG in this MPI library's MPI_Status")
+        _abi = Abi(
+            byte=handle(MPI.BYTE),
+            request_size=request_size,
+            status_size=status_size,
+            tag_offset=int(where[0]) * 4,
+            any_tag=MPI.ANY_TAG,
+            proc_null=MPI.PROC_NULL,
+        )
+    return _abi

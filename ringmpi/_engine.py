@@ -1,0 +1,429 @@
+"""The step engine: one compiled loop carries out any plan, calling MPI's C functions.
+
+A plan (:mod:`ringmpi.plans`) says per step what to send where and what to
+receive from whom, and whether to store or reduce it. :func:`run` hands the
+plan, the buffer and the communicator's C handle to :func:`_execute`, a
+Numba-compiled loop that calls MPI_Isend, MPI_Irecv and MPI_Wait through the C
+ABI (:mod:`ringmpi._capi`) and reduces with the op's compiled kernel: no
+interpreter between steps, so a step costs what it costs in C. It is compiled
+once per dtype (the op is a number) and cached on disk.
+
+Every message is sent in **segments** of at most ``RINGMPI_SEGMENT_BYTES``
+(both sides cut a message of the same length alike). A reduce receives
+segments into two scratch buffers in turn, and reduces segment k while segment
+k + 1 is arriving: the reduce overlaps the transfer, as in Gloo's and NCCL's
+pipelined rings. A store receives every segment straight into place.
+
+While waiting, a rank spins in MPI_Wait, or, on a node with many more ranks
+than cores (``Context.sleepy``), polls MPI_Test and yields the core between
+polls (sched_yield), so that the rank it waits for can run.
+
+What goes wrong is returned, not raised, from compiled code (the step, the MPI
+error code, or the byte count or tag that did not match); :func:`run` turns it
+into a RingMPIError naming this rank, the peer, the algorithm, phase and step.
+Before returning after an error the loop cancels the receives it posted and
+releases its sends, so no late message lands in memory after the call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+from . import _trace
+from ._capi import (
+    abi,
+    handle,
+    mpi_cancel,
+    mpi_get_count,
+    mpi_irecv,
+    mpi_isend,
+    mpi_request_free,
+    mpi_sendrecv,
+    mpi_test,
+    mpi_wait,
+    sched_yield,
+)
+from ._errors import RingMPIError
+from ._settings import positive_int
+from .kernels import DTYPES, Reduction, combine_by_code, divide_by
+from .plans import (
+    ACTION,
+    FINAL,
+    PHASE,
+    RECV_FROM,
+    RECV_LEN,
+    RECV_OFF,
+    REDUCE,
+    SEND_LEN,
+    SEND_OFF,
+    SEND_TO,
+    STEP,
+    THEIRS_FIRST,
+    Plan,
+)
+
+__all__ = ["SEGMENT_BYTES", "run", "segment_bytes"]
+
+# Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
+# has the measurement behind the default.
+SEGMENT_BYTES = 1 << 18
+_MAX_SEGMENT = 1 << 30  # MPI counts are C ints
+
+# What _execute reports in `err`: [what, row, detail, detail].
+_OK, _MPI_ERROR, _WRONG_COUNT, _WRONG_TAG = 0, 1, 2, 3
+
+_jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+
+
+@_jit
+def _wait(request, status, flag, sleepy):
+    if not sleepy:
+        return mpi_wait(request, status)
+    while True:
+        e = mpi_test(request, flag.ctypes.data, status)
+        if e != 0 or flag[0] != 0:
+            return e
+        sched_yield()
+
+
+@_jit
+def _abandon(requests, rsize, live, nrecv_slots, status):
+    """After an error: cancel the receives still posted, release the sends."""
+    for i in range(live.size):
+        if live[i]:
+            slot = requests.ctypes.data + i * rsize
+            if i < nrecv_slots:
+                mpi_cancel(slot)
+                mpi_wait(slot, status.ctypes.data)
+            else:
+                mpi_request_free(slot)
+            live[i] = 0
+
+
+# The fixed arguments of a call shape, packed into one int64 array (fewer
+# arguments: Numba's dispatcher pays per argument, on every call).
+_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _NPARAMS = range(11)
+
+
+@_jit
+def _execute(work, source, table, scratch, divisor, params, requests, live, status, report):
+    """Carry out ``table`` (a plan) on ``work``, which first gets a copy of ``source``
+    (unless it is ``work``); the other arguments are fixed per call shape.
+
+    ``params`` (see the _CODE ... names): the op's number, the communicator's and
+    MPI_BYTE's handles, the tag, MPI_ANY_TAG, the segment in elements of ``work``,
+    the size of an MPI_Request, where the tag sits in ``status`` (an MPI_Status
+    seen as int32s, followed by two int32 cells for a count and a flag), whether
+    to wait sleepily, and the lanes per element of the plan's offsets. ``scratch``
+    holds two segments. Request slots: the receives' first (all of a store's
+    segments, or two for a reduce), then one per segment sent. ``report[2 row]``
+    and ``report[2 row + 1]`` count the bytes and messages each row really sent;
+    its last 4 cells say what went wrong, if anything: [what, row, detail, detail].
+    """
+    code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
+    any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
+    sleepy, w = params[_SLEEPY] != 0, params[_LANES]
+    nstat = status.size - 2
+    count = status[nstat:]  # count, then flag
+    isz = work.itemsize
+    base = work.ctypes.data
+    req = requests.ctypes.data
+    st = status.ctypes.data
+    err = report[report.size - 4 :]
+    err[0] = _OK
+    if source.ctypes.data != base:
+        for i in range(work.size):
+            work[i] = source[i]
+    for row in range(table.shape[0]):
+        report[2 * row] = 0
+        report[2 * row + 1] = 0
+        dest, src, action = table[row, SEND_TO], table[row, RECV_FROM], table[row, ACTION]
+        soff, slen = table[row, SEND_OFF] * w, table[row, SEND_LEN] * w
+        roff, rlen = table[row, RECV_OFF] * w, table[row, RECV_LEN] * w
+        nsend = 0 if dest < 0 else max(1, (slen + seg - 1) // seg)
+        nrecv = 0 if src < 0 else max(1, (rlen + seg - 1) // seg)
+        reduce = (action & REDUCE) != 0
+        reverse = (action & THEIRS_FIRST) != 0
+        if nsend == 1 and nrecv == 1 and not sleepy:
+            # One segment each way: one MPI_Sendrecv (cheaper than two requests).
+            at = scratch.ctypes.data if reduce else base + roff * isz
+            e = mpi_sendrecv(base + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
+                             byte, src, any_tag, comm, st)  # fmt: skip
+            if e != 0:
+                err[0], err[1], err[2] = _MPI_ERROR, row, e
+                return
+            report[2 * row] = slen * isz
+            report[2 * row + 1] = 1
+            mpi_get_count(st, byte, count.ctypes.data)
+            if count[0] != rlen * isz:
+                err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], rlen * isz
+                return
+            if status[tag_at] != tag:
+                err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+                return
+            if reduce:
+                acc = work[roff : roff + rlen]
+                combine_by_code(acc, scratch[:rlen], code, reverse)
+                if (action & FINAL) != 0 and divisor.size > 0:
+                    divide_by(acc, divisor)
+            continue
+        # A reduce's segments land in the two scratch halves in turn; a store's in place.
+        slots = min(2, nrecv) if reduce else nrecv
+        e = 0
+        for k in range(slots):
+            a = k * seg
+            n = min(seg, rlen - a)
+            at = scratch.ctypes.data + (k % 2) * seg * isz if reduce else base + (roff + a) * isz
+            e = mpi_irecv(at, n * isz, byte, src, any_tag, comm, req + k * rsize)
+            if e != 0:
+                break
+            live[k] = 1
+        for k in range(nsend if e == 0 else 0):
+            a = k * seg
+            n = min(seg, slen - a)
+            e = mpi_isend(base + (soff + a) * isz, n * isz, byte, dest, tag, comm,
+                          req + (slots + k) * rsize)  # fmt: skip
+            if e != 0:
+                break
+            live[slots + k] = 1
+        # A reduce whose sent elements are the ones it reduces (recursive doubling)
+        # must not change a segment before its send is done.
+        same = reduce and soff == roff and slen == rlen and nsend > 0
+        overlap = reduce and nsend > 0 and soff < roff + rlen and roff < soff + slen
+        waited = 0  # sends waited for, in order
+        for k in range(nrecv if e == 0 else 0):
+            slot = k % 2 if reduce else k
+            e = _wait(req + slot * rsize, st, count[1:], sleepy)
+            live[slot] = 0
+            if e != 0:
+                break
+            a = k * seg
+            n = min(seg, rlen - a)
+            mpi_get_count(st, byte, count.ctypes.data)
+            if count[0] != n * isz:
+                err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], n * isz
+                break
+            if status[tag_at] != tag:
+                err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+                break
+            if reduce:
+                upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
+                while waited < upto and e == 0:
+                    e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy)
+                    live[slots + waited] = 0
+                    report[2 * row] += min(seg, slen - waited * seg) * isz
+                    report[2 * row + 1] += 1
+                    waited += 1
+                if e != 0:
+                    break
+                half = (k % 2) * seg
+                acc = work[roff + a : roff + a + n]
+                combine_by_code(acc, scratch[half : half + n], code, reverse)
+                if (action & FINAL) != 0 and divisor.size > 0:
+                    divide_by(acc, divisor)
+                if k + 2 < nrecv:
+                    a2 = (k + 2) * seg
+                    n2 = min(seg, rlen - a2)
+                    e = mpi_irecv(scratch.ctypes.data + half * isz, n2 * isz, byte, src, any_tag,
+                                  comm, req + slot * rsize)  # fmt: skip
+                    if e != 0:
+                        break
+                    live[slot] = 1
+        while waited < nsend and e == 0 and err[0] == _OK:
+            e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy)
+            live[slots + waited] = 0
+            report[2 * row] += min(seg, slen - waited * seg) * isz
+            report[2 * row + 1] += 1
+            waited += 1
+        if e != 0 and err[0] == _OK:
+            err[0], err[1], err[2] = _MPI_ERROR, row, e
+        if err[0] != _OK:
+            _abandon(requests, rsize, live, slots, status)
+            return
+
+
+def segment_bytes() -> int:
+    """The segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
+    return min(positive_int("RINGMPI_SEGMENT_BYTES") or SEGMENT_BYTES, _MAX_SEGMENT)
+
+
+class _Shape:
+    """What stays fixed between calls of one shape (plan, op and dtype, segment)."""
+
+    def __init__(self, plan: Plan, red: Reduction, ctx, engine: _Engine, seg_bytes: int) -> None:
+        a = engine.abi
+        lanes = red.lanes(np.zeros(0, red.dtype)).dtype
+        w = red.lanes(np.zeros(1, red.dtype)).size
+        seg = max(1, seg_bytes // lanes.itemsize)
+        table = plan.table
+        self.plan, self.red, self.seg_bytes = plan, red, seg_bytes
+        self.tag = ctx.tag(red, plan.count)
+        fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
+                 _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
+                 _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w}  # fmt: skip
+        self.params = np.zeros(_NPARAMS, np.int64)
+        self.params[list(fixed)] = list(fixed.values())  # fmt: skip
+        self.divisor = red.divisor(ctx.size)
+        # Two segments of scratch, or two of the longest message reduced if shorter.
+        reduced = table[table[:, ACTION] & REDUCE != 0, RECV_LEN] * w
+        longest = min(seg, int(reduced.max())) if len(reduced) else 0
+        self.scratch = engine.scratch(2 * longest * lanes.itemsize).view(lanes)
+        self.split = w != 1
+        self.report = np.zeros(2 * len(table) + 4, np.int64)
+        engine.slots(_slots(table, w, seg))
+
+
+class _Engine:
+    """One communicator's request and status memory, and its call shapes."""
+
+    def __init__(self, ctx) -> None:
+        a = abi()
+        self.abi = a
+        self.comm = handle(ctx.comm)
+        self.requests = np.zeros(0, np.uint8)
+        self.live = np.zeros(0, np.uint8)
+        self.status = np.zeros(max(a.status_size, 64) // 4 + 2, np.int32)
+        self.shapes: dict[tuple[int, int, int], _Shape] = {}
+        self._scratch = np.zeros(0, np.uint8)
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of receive buffer. A shape keeps its view: when a later shape
+        needs more, the buffer is replaced and the older views keep the old one."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.zeros(nbytes, np.uint8)
+        return self._scratch[:nbytes]
+
+    def slots(self, n: int) -> None:
+        if self.live.size < n:
+            self.requests = np.zeros(n * self.abi.request_size, np.uint8)
+            self.live = np.zeros(n, np.uint8)
+
+    def shape(self, plan: Plan, red: Reduction, ctx, seg_bytes: int) -> _Shape:
+        key = (id(plan), red.tag, seg_bytes)
+        found = self.shapes.get(key)
+        if found is None or found.plan is not plan:
+            if len(self.shapes) >= _SHAPES_KEPT:
+                self.shapes.clear()
+            found = self.shapes[key] = _Shape(plan, red, ctx, self, seg_bytes)
+        return found
+
+    def free(self) -> None:
+        self.shapes.clear()
+
+
+_SHAPES_KEPT = 64
+
+
+def _slots(table: np.ndarray, w: int, seg: int) -> int:
+    """Request slots the engine needs for ``table``: a row's receives plus its sends."""
+    if len(table) == 0:
+        return 0
+
+    def parts(length: np.ndarray) -> np.ndarray:
+        return np.maximum(1, -(-(length * w) // seg))
+
+    sends = np.where(table[:, SEND_TO] >= 0, parts(table[:, SEND_LEN]), 0)
+    recvs = np.where(table[:, RECV_FROM] >= 0, parts(table[:, RECV_LEN]), 0)
+    recvs = np.where(table[:, ACTION] & REDUCE, np.minimum(2, recvs), recvs)
+    return int((sends + recvs).max())
+
+
+def run(
+    plan: Plan,
+    work: np.ndarray,
+    red: Reduction,
+    ctx,
+    algorithm: str,
+    *,
+    prefix: str = "",
+    peers=None,
+    source: np.ndarray | None = None,
+) -> None:
+    """Carry out ``plan`` on ``work`` (1-D, contiguous) over ``ctx``'s communicator;
+    this rank's contribution is ``source`` (copied into ``work`` first) or ``work``.
+
+    ``peers`` maps ranks of ``ctx`` to ranks the user knows (the caller's
+    communicator), for the trace and the error messages.
+    """
+    if not len(plan.table):
+        if source is not None:
+            np.copyto(work, source)
+        return
+    engine = ctx.extra.get("engine")
+    if engine is None:
+        engine = ctx.extra["engine"] = _Engine(ctx)
+    shape = engine.shape(plan, red, ctx, segment_bytes())
+    report = shape.report
+    into, source = work, work if source is None else source
+    if shape.split:
+        into, source = red.lanes(into), red.lanes(source)
+    _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.params,
+             engine.requests, engine.live, engine.status, report)  # fmt: skip
+    failed = report[-4] != _OK
+    if _trace._active:
+        _record(plan, report, algorithm, prefix, peers or range(ctx.size))
+    if failed:
+        _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, prefix, peers or range(ctx.size))
+
+
+def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) -> None:
+    """Trace the sends the rows really made (up to a failed row)."""
+    table = plan.table
+    last = int(report[-3]) if report[-4] != _OK else len(table) - 1
+    for row in range(last + 1):
+        r = table[row]
+        if r[SEND_TO] >= 0:
+            _trace.record(algorithm, prefix + plan.phases[r[PHASE]], int(r[STEP]),
+                          peers[int(r[SEND_TO])], int(report[2 * row]),
+                          int(report[2 * row + 1]))  # fmt: skip
+
+
+def _raise(
+    err, plan: Plan, work: np.ndarray, ctx, tag: int, algorithm: str, prefix: str, peers
+) -> None:
+    what, row = int(err[0]), int(err[1])
+    r = plan.table[row]
+    where = (
+        f"rank {peers[ctx.rank]}: {algorithm} {prefix}{plan.phases[r[PHASE]]} step {int(r[STEP])}"
+    )
+    src = int(r[RECV_FROM])
+    peer = peers[src] if src >= 0 else None
+    expected = int(r[RECV_LEN]) * work.itemsize
+    if what == _WRONG_COUNT:
+        raise RingMPIError(
+            f"{where}: rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "
+            f"ranks disagree on count or dtype"
+        )
+    if what == _WRONG_TAG:
+        raise RingMPIError(
+            f"{where}: message from rank {peer}: " + ctx.disagreement(int(err[2]), tag)
+        )
+    code = int(err[2])
+    if MPI.Get_error_class(code) in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+        raise RingMPIError(
+            f"{where}: rank {peer} sent more than the {expected} bytes expected; "
+            "ranks disagree on count or dtype"
+        )
+    raise RingMPIError(f"{where}: MPI error: {MPI.Get_error_string(code)}")
+
+
+def warm(red: Reduction | None = None) -> float:
+    """Compile (or load from Numba's cache) the engine for ``red``'s dtype, or for
+    every dtype when None; returns the seconds it took."""
+    t0 = time.perf_counter()
+    if red is not None:
+        kinds = {red.lanes(np.zeros(1, red.dtype)).dtype}
+    else:  # every dtype, and the real lanes complex SUM and AVG run on
+        kinds = set(DTYPES) | {np.dtype(np.float32), np.dtype(np.float64)}
+    table = np.zeros((0, 9), np.int64)
+    i64, i32, u8 = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.uint8)
+    for dt in kinds:
+        arr = np.zeros(1, dt)
+        _execute.compile(
+            tuple(numba.typeof(a) for a in (arr, arr, table, arr, arr, i64, u8, u8, i32, i64))
+        )
+    return time.perf_counter() - t0

@@ -1,0 +1,277 @@
+"""Every algorithm's steps as a table: the plan the step engine carries out.
+
+A **plan** is one rank's steps, one row each, in order. In a row the rank
+sends ``SEND_LEN`` elements from ``SEND_OFF`` of its buffer to rank
+``SEND_TO`` and receives ``RECV_LEN`` elements from rank ``RECV_FROM``, which
+it stores at ``RECV_OFF`` or reduces into the elements there (``ACTION``); -1
+means no send or no receive in that row. The rows are pure data, built here
+from the schedules and nowhere else: the engine (:mod:`ringmpi._engine`) only
+carries them out, and :func:`simulate` runs every rank's plan without MPI to
+check them and to count their cost.
+
+Three plans:
+
+* ``ring`` -- the schedule of :func:`ringmpi.schedule.ring_steps`: N - 1
+  reduce-scatter steps, then N - 1 all-gather steps; 2(N-1) steps, 2(N-1)/N of
+  the buffer sent per rank.
+* ``recursive_doubling`` -- lg p steps in which partners ``r`` and ``r xor 2^k``
+  swap their whole buffers and reduce them: few steps, lg p buffers sent.
+* ``rabenseifner`` -- reduce-scatter by recursive halving (each step sends half
+  of what is left), then all-gather by recursive doubling: 2 lg p steps and
+  2(p-1)/p of the buffer, the ring's bandwidth in lg p steps each way.
+
+Both latency plans need a power of two, p, of ranks. With N = p + rem ranks
+(rem < p), the standard fold (MPICH's): each of the first rem even ranks sends
+its buffer to the odd rank after it ("fold-in") and sits out; the odd rank
+reduces the two, the p remaining ranks run the plan, and the odd ranks send
+the result back ("fold-out"). Two extra steps, and the buffer once more.
+
+Every reduce combines the two operands in one order on both partners (the
+lower-numbered partner's operand first, ``THEIRS_FIRST`` on the higher one),
+and every finished element is then only copied, so the result is bitwise the
+same on every rank.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
+
+__all__ = ["PLANS", "Plan", "plan", "simulate"]
+
+# The columns of a plan's table.
+PHASE, STEP, SEND_TO, SEND_OFF, SEND_LEN, RECV_FROM, RECV_OFF, RECV_LEN, ACTION = range(9)
+COLUMNS = 9
+# ACTION: store what arrives, or reduce it into the elements there; flags on REDUCE:
+STORE, REDUCE = 0, 1
+THEIRS_FIRST = 2  # the received operand is the left one: ``acc = inp (op) acc``
+FINAL = 4  # these elements are complete after this reduce (AVG divides them here)
+
+FOLD_IN, FOLD_OUT = "fold-in", "fold-out"
+ALL_GATHER = "all-gather"
+RECURSIVE_DOUBLING = "recursive-doubling"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's steps (``table``, int64, one row per step) for a buffer of
+    ``count`` elements, and the phase names that column ``PHASE`` indexes."""
+
+    table: np.ndarray
+    phases: tuple[str, ...]
+    count: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.table)
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []
+        self.phases: list[str] = []
+
+    def add(self, phase: str, step: int, send=(-1, 0, 0), recv=(-1, 0, 0), action=STORE):
+        if phase not in self.phases:
+            self.phases.append(phase)
+        self.rows.append([self.phases.index(phase), step, *send, *recv, action])
+
+    def plan(self, count: int) -> Plan:
+        table = np.array(self.rows, np.int64).reshape(-1, COLUMNS)
+        return Plan(table, tuple(self.phases), count)
+
+
+def ring(nranks: int, rank: int, count: int) -> Plan:
+    """The ring: rank r sends to r + 1 and receives from r - 1 (see ringmpi.schedule)."""
+    rows = _Rows()
+    bounds = chunk_bounds(count, nranks)
+    right, left = (rank + 1) % nranks, (rank - 1) % nranks
+    for st in ring_steps(nranks, rank):
+        s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
+        r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
+        action = (REDUCE | (FINAL if st.last else 0)) if st.phase == REDUCE_SCATTER else STORE
+        rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0), action)
+    return rows.plan(count)
+
+
+def _fold(nranks: int, rank: int) -> tuple[int, int, int]:
+    """(p, rem, newrank): the power of two that runs the plan, the folded ranks'
+    count, and this rank's number among the p (-1: folded, it sits out)."""
+    p = 1 << (nranks.bit_length() - 1)
+    rem = nranks - p
+    if rank < 2 * rem:
+        return p, rem, -1 if rank % 2 == 0 else rank // 2
+    return p, rem, rank - rem
+
+
+def _real(newrank: int, rem: int) -> int:
+    """The communicator rank of plan member ``newrank``."""
+    return 2 * newrank + 1 if newrank < rem else newrank + rem
+
+
+def _fold_in(rows: _Rows, rank: int, rem: int, count: int) -> None:
+    if rank < 2 * rem:
+        whole = (0, count)
+        if rank % 2 == 0:
+            rows.add(FOLD_IN, 0, send=(rank + 1, *whole))
+        else:
+            rows.add(FOLD_IN, 0, recv=(rank - 1, *whole), action=REDUCE | THEIRS_FIRST)
+
+
+def _fold_out(rows: _Rows, rank: int, rem: int, count: int) -> None:
+    if rank < 2 * rem:
+        whole = (0, count)
+        if rank % 2 == 0:
+            rows.add(FOLD_OUT, 0, recv=(rank + 1, *whole))
+        else:
+            rows.add(FOLD_OUT, 0, send=(rank - 1, *whole))
+
+
+def recursive_doubling(nranks: int, rank: int, count: int) -> Plan:
+    """Partners ``newrank xor 2^k`` swap and reduce whole buffers, k = 0 .. lg p - 1."""
+    rows = _Rows()
+    p, rem, me = _fold(nranks, rank)
+    _fold_in(rows, rank, rem, count)
+    if me >= 0:
+        mask, step = 1, 0
+        while mask < p:
+            partner = me ^ mask
+            action = (
+                REDUCE | (THEIRS_FIRST if partner < me else 0) | (FINAL if 2 * mask == p else 0)
+            )
+            peer = _real(partner, rem)
+            rows.add(RECURSIVE_DOUBLING, step, (peer, 0, count), (peer, 0, count), action)
+            mask, step = mask << 1, step + 1
+    _fold_out(rows, rank, rem, count)
+    return rows.plan(count)
+
+
+def rabenseifner(nranks: int, rank: int, count: int) -> Plan:
+    """Reduce-scatter by recursive halving, all-gather by recursive doubling.
+
+    The buffer is cut into p blocks; member ``newrank`` ends the halving with
+    block ``newrank`` finished. In halving step k (mask = p/2, p/4, ..., 1) the
+    member keeps the lower half of its block range if its ``mask`` bit is 0,
+    else the upper half, sends the other half to ``newrank xor mask`` and
+    reduces the half it keeps with what the partner sends. The all-gather
+    retraces the steps: each member swaps everything it holds with the
+    partner, doubling it.
+    """
+    rows = _Rows()
+    p, rem, me = _fold(nranks, rank)
+    _fold_in(rows, rank, rem, count)
+    if me >= 0:
+        blocks = chunk_bounds(count, p)
+        lo, hi = 0, p
+        mask, step = p >> 1, 0
+        while mask >= 1:
+            partner = me ^ mask
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
+            action = REDUCE | (THEIRS_FIRST if partner < me else 0) | (FINAL if mask == 1 else 0)
+            peer = _real(partner, rem)
+            rows.add(REDUCE_SCATTER, step, _span(peer, blocks, give), _span(peer, blocks, keep),
+                     action)  # fmt: skip
+            lo, hi = keep
+            mask, step = mask >> 1, step + 1
+        mask, step = 1, 0
+        while mask < p:
+            partner = me ^ mask
+            size = hi - lo
+            theirs = (hi, hi + size) if me & mask == 0 else (lo - size, lo)
+            peer = _real(partner, rem)
+            rows.add(ALL_GATHER, step, _span(peer, blocks, (lo, hi)), _span(peer, blocks, theirs))
+            lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
+            mask, step = mask << 1, step + 1
+    _fold_out(rows, rank, rem, count)
+    return rows.plan(count)
+
+
+def _span(peer: int, blocks: list[int], blockrange: tuple[int, int]) -> tuple[int, int, int]:
+    a, b = blockrange
+    return peer, blocks[a], blocks[b] - blocks[a]
+
+
+PLANS = {"ring": ring, "recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner}
+
+
+def plan(algorithm: str, nranks: int, rank: int, count: int) -> Plan:
+    """Rank ``rank``'s plan of ``algorithm`` for ``count`` elements on ``nranks`` ranks."""
+    if not 0 <= rank < nranks:
+        raise ValueError(f"rank {rank} is not one of {nranks} ranks")
+    return PLANS[algorithm](nranks, rank, count)
+
+
+@dataclass
+class Simulated:
+    """What :func:`simulate` counted: per rank, bytes sent, messages and serial steps."""
+
+    bytes_sent: list[int]
+    messages: list[int]
+    steps: list[int]
+
+
+def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simulated:
+    """Run every rank's plan without MPI, each element a set of contributions.
+
+    A row's sends leave when the row starts; its receive completes when the
+    matching message (the next one from that peer, in order) is there. Raises
+    AssertionError if the plans deadlock, a message's length differs from what
+    its receiver expects, a reduce would count a contribution twice, or any
+    rank ends without every contribution in every element.
+    """
+    plans = [plan(algorithm, nranks, r, count) for r in range(nranks)]
+    held = [[frozenset([r])] * count for r in range(nranks)]
+    queues: dict[tuple[int, int], deque] = {}
+    row_of = [0] * nranks
+    posted = [False] * nranks
+    sent = Simulated([0] * nranks, [0] * nranks, [0] * nranks)
+    while True:
+        moved = False
+        for r in range(nranks):
+            table = plans[r].table
+            if row_of[r] == len(table):
+                continue
+            row = table[row_of[r]]
+            if not posted[r]:
+                if row[SEND_TO] >= 0:
+                    data = held[r][row[SEND_OFF] : row[SEND_OFF] + row[SEND_LEN]]
+                    queues.setdefault((r, int(row[SEND_TO])), deque()).append(list(data))
+                    sent.bytes_sent[r] += int(row[SEND_LEN]) * itemsize
+                    sent.messages[r] += 1
+                    sent.steps[r] += 1
+                posted[r] = True
+                moved = True
+            if row[RECV_FROM] >= 0:
+                q = queues.get((int(row[RECV_FROM]), r))
+                if not q:
+                    continue
+                data = q.popleft()
+                assert len(data) == row[RECV_LEN], (
+                    f"rank {r} row {row_of[r]}: got {len(data)} elements, expects {row[RECV_LEN]}"
+                )
+                off = int(row[RECV_OFF])
+                for i, got in enumerate(data):
+                    if row[ACTION] & REDUCE:
+                        assert not (held[r][off + i] & got), f"rank {r}: element {off + i} twice"
+                        held[r][off + i] = held[r][off + i] | got
+                    else:
+                        held[r][off + i] = got
+                if row[SEND_TO] < 0:
+                    sent.steps[r] += 1
+            row_of[r] += 1
+            posted[r] = False
+            moved = True
+        if all(row_of[r] == len(plans[r].table) for r in range(nranks)):
+            break
+        assert moved, f"{algorithm} deadlocks at rows {row_of}"
+    everyone = frozenset(range(nranks))
+    for r in range(nranks):
+        missing = [i for i in range(count) if held[r][i] != everyone]
+        assert not missing, f"rank {r} ends without every contribution in elements {missing[:5]}"
+    assert all(not q for q in queues.values()), "messages left unreceived"
+    return sent

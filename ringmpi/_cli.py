@@ -26,9 +26,9 @@ from mpi4py import MPI
 
 import ringmpi
 
-from . import _engine, _trace, algorithms
+from . import _engine, _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
-from .algorithms.hierarchical import STORES, node_settings
+from .algorithms.hierarchical import STORES, layout, node_settings
 from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
@@ -61,9 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name (float32)")
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
     p.add_argument(
-        "-a", "--algorithm", default="ring,mpi",
-        help=f"comma list from {', '.join(algorithms.names())}; hierarchical:WAY fixes how it "
-        f"stores to the node's window, WAY one of {', '.join(STORES)} (ring,mpi)",
+        "-a", "--algorithm", default="auto,mpi",
+        help=f"comma list from {', '.join(algorithms.names())}, or all (auto, each of "
+        f"ringmpi's algorithms and mpi); hierarchical:WAY fixes how it stores to the node's "
+        f"window, WAY one of {', '.join(STORES)} (auto,mpi)",
     )  # fmt: skip
     p.add_argument(
         "--ranks-per-node",
@@ -76,7 +77,21 @@ def _parser() -> argparse.ArgumentParser:
         help="emulated nodes take consecutive ranks (block) or every M-th rank (cyclic)",
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
+    p.add_argument(
+        "--plot", metavar="FILE",
+        help="also draw busbw and time against size, and the cost model's prediction against "
+        "the measurement, as a PNG (needs matplotlib: the plot extra)",
+    )  # fmt: skip
     return p
+
+
+def _names(text: str) -> list[str]:
+    """The ``-a`` list, ``all`` expanded (auto, ringmpi's own algorithms, the MPI baseline)."""
+    names: list[str] = []
+    for name in (a.strip() for a in text.split(",")):
+        expanded = ["auto", *tuning.CANDIDATES, "mpi"] if name == "all" else [name] if name else []
+        names += [n for n in expanded if n not in names]
+    return names
 
 
 def _variant(name: str) -> tuple[str, dict[str, str]]:
@@ -142,7 +157,7 @@ def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:
     comm = ctx.comm
     nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
     per_node, placement = node_settings()
-    lib = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
+    lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
     return {
         "ranks": comm.Get_size(),
         "nodes": nodes,
@@ -230,7 +245,7 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
 
 
 _COLUMNS = (
-    f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>12} "
+    f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>24} "
     f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} "
     f"{'iters':>5} {'copy':>7}"
 )
@@ -242,7 +257,7 @@ def _format(row: dict) -> str:
     wrong = "N/A" if row["wrong"] < 0 else str(row["wrong"])
     return (
         f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
-        f"{row['algorithm']:>12} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
+        f"{row['algorithm']:>24} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
         f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5} "
         f"{row['copy_GBs']:>7.1f}"
     )
@@ -262,9 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         op = op_from_name(args.op)
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
-        names = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+        names = _names(args.algorithm)
         variants = {name: _variant(name) for name in names}
         node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
+        tuning.load()  # RINGMPI_TUNING, checked
+        if args.plot:
+            _plot.check()
     except (TypeError, ValueError) as exc:
         if rank == 0:
             parser.print_usage(sys.stderr)
@@ -295,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
               "max over ranks")  # fmt: skip
         print("#" + _COLUMNS[1:])
         print(
-            f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>12} {'':>10} "
+            f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>24} {'':>10} "
             f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>7} {'':>5} {'':>5} {'(GB/s)':>7}"
         )
         print(
@@ -332,8 +350,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             for _ in range(warmup):
                 _allreduce(send, recv, op, comm, variants[name])
-        for _ in range(max(run.iters for run in runs.values())):
-            for name, run in runs.items():  # interleaved: each sees the same machine
+        for i in range(max(run.iters for run in runs.values())):
+            # Interleaved, so that each sees the same machine, and each round starts with
+            # the next one, so that none always finds the caches as one other left them.
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name, run in ((name, runs[name]) for name in order):
                 if len(run.times) < run.iters:
                     ctx.barrier()
                     t0 = time.perf_counter()
@@ -348,9 +369,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(_format(row))
                 sys.stdout.flush()
 
+    if args.plot:  # the layout the cost model is drawn for (collective on first use)
+        lay = layout(ctx, *node_settings())
+        nodes, per_node = lay.nodes, lay.slices
     if rank == 0:
         print(f"# wrong elements in total: {total_wrong}")
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump({"header": header, "rows": rows}, fh, indent=1)
+        if args.plot:
+            _plot.draw(rows, header, args.plot, nodes, per_node, argv)
+            print(f"# plot written to {args.plot}")
     return 1 if total_wrong else 0

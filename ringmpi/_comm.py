@@ -44,6 +44,7 @@ class Context:
         self.right = (self.rank + 1) % self.size
         self.left = (self.rank - 1) % self.size
         self._plans: dict[tuple[str, int], plans.Plan] = {}
+        self.chosen: dict[tuple, str] = {}  # auto's choice per size and settings
         self._scratch = np.empty(0, np.uint8)
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}

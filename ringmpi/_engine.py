@@ -70,7 +70,7 @@ __all__ = ["SEGMENT_BYTES", "run", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
-SEGMENT_BYTES = 1 << 18
+SEGMENT_BYTES = 1 << 20
 _MAX_SEGMENT = 1 << 30  # MPI counts are C ints
 
 # What _execute reports in `err`: [what, row, detail, detail].

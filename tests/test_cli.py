@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ringmpi import tuning
 from ringmpi.schedule import chunk_bounds
 
 PY = sys.executable
@@ -47,7 +48,8 @@ def ring_bytes_ratio(nranks: int, count: int) -> float:
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_sweep_verifies_and_counts(tmp_path, nranks):
     out = tmp_path / "r.json"
-    p = run(nranks, "-b", "8", "-e", "1M", "-f", "32", "-n", "3", "-w", "1", "--json", str(out))
+    p = run(nranks, "-b", "8", "-e", "1M", "-f", "32", "-n", "3", "-w", "1", "-a", "ring,mpi",
+            "--json", str(out))  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert f"# ranks {nranks}, nodes 1" in p.stdout
     assert "# MPI: " in p.stdout and "numba" in p.stdout
@@ -76,11 +78,55 @@ def test_auto_other_types_and_ops(tmp_path):
             "-f", "1024", "-n", "2", "-w", "0", "--json", str(out))  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    assert [r["algorithm"] for r in rows] == ["auto(ring)", "ring", "mpi"] * 2
+    chosen = [tuning.choose(tuning.DEFAULTS, n, 3, 1, 3) for n in (24, 24 << 10)]
+    assert [r["algorithm"] for r in rows] == [f"auto({chosen[0]})", "ring", "mpi",
+                                              f"auto({chosen[1]})", "ring", "mpi"]  # fmt: skip
     assert all(r["wrong"] == 0 and r["type"] == "float64" and r["redop"] == "max" for r in rows)
     # 24 B is 3 float64: one per rank; 24 KiB is 3072: even chunks, 2(N-1)/N exactly.
-    assert rows[0]["bytes_per_rank"] == pytest.approx(4 / 3)
-    assert rows[3]["bytes_per_rank"] == pytest.approx(4 / 3)
+    assert rows[1]["bytes_per_rank"] == pytest.approx(4 / 3)
+    assert rows[4]["bytes_per_rank"] == pytest.approx(4 / 3)
+
+
+def test_all_runs_every_algorithm_and_plots(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    p = run(2, "-a", "all", "-b", "8", "-e", "64K", "-f", "8192", "-n", "2", "-w", "0",
+            "--json", str(out), "--plot", str(png))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["rows"]
+    names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi"]
+    for size, group in ((8, rows[:6]), (65536, rows[6:])):
+        auto = f"auto({tuning.choose(tuning.DEFAULTS, size, 2, 1, 2)})"
+        assert [r["algorithm"] for r in group] == [auto, *names]
+        assert all(r["wrong"] == 0 and r["size"] == size for r in group)
+        steps = {r["algorithm"]: r["steps"] for r in group}
+        # 2 ranks: one swap for recursive doubling, two steps for the ring and
+        # Rabenseifner, no message for hierarchical on one node
+        assert (steps["recursive_doubling"], steps["ring"], steps["rabenseifner"]) == (1, 2, 2)
+        assert steps["hierarchical"] == 0 and steps["mpi"] is None
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"# plot written to {png}" in p.stdout
+
+
+def test_a_tuning_file_from_tune_drives_auto(tmp_path):
+    tuned = tmp_path / "t.json"
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi.tune", "-b", "8", "-e", "64K", "-f", "64",
+           "-n", "3", "--budget", "0.2", "-o", str(tuned)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "NUMBA_NUM_THREADS": "1"})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    data = json.loads(tuned.read_text())
+    assert data["layout"] == {"ranks": 2, "nodes": 1, "ranks_per_node": 2}
+    assert {(m["algorithm"], m["bytes"]) for m in data["measured"]} == {
+        (a, n) for a in (*tuning.CANDIDATES, "mpi") for n in (8, 512, 32768)
+    }
+    assert all(v >= 0 for v in data["costs"].values())
+    out = tmp_path / "r.json"
+    p = run(2, "-a", "auto", "-b", "8", "-e", "8", "-n", "2", "--json", str(out),
+            env={"RINGMPI_TUNING": str(tuned)})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    costs = tuning.Costs(**data["costs"])
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["algorithm"] == f"auto({tuning.choose(costs, 8, 2, 1, 2)})" and row["wrong"] == 0
 
 
 def test_unchecked_run_reports_no_wrong_count():
@@ -106,6 +152,12 @@ def test_bad_arguments_end_the_job(args, message):
     assert p.returncode != 0
     assert message in p.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_a_bad_tuning_file_ends_the_job_before_it_starts(tmp_path):
+    p = run(2, "-b", "8", "-e", "8", env={"RINGMPI_TUNING": str(tmp_path / "none.json")})
+    assert p.returncode == 2
+    assert "RINGMPI_TUNING: cannot read" in p.stderr and "none.json" in p.stderr
 
 
 def test_an_exception_on_one_rank_aborts_the_whole_job():

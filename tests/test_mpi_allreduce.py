@@ -22,7 +22,8 @@ from ringmpi import kernels
 
 pytestmark = pytest.mark.mpi
 
-ALGORITHMS = ("ring", "mpi", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "mpi", "auto")
+STEPPED = ("ring", "recursive_doubling", "rabenseifner")  # ringmpi's own, run by the engine
 PAIRS = [
     pytest.param(spec.op, dt, id=f"{spec.name}-{dt.name}")
     for spec in kernels._OPS
@@ -46,17 +47,21 @@ def comms():
 def _sizes(nranks: int, op: object, dtype: np.dtype, algorithm: str, comm_name: str) -> list[int]:
     """0, 1, N-1, N, N+1, a prime and, for some calls, a large size (2**20 + 3).
 
-    The large size runs only through the ring algorithm on COMM_WORLD, with SUM and
-    AVG on every dtype they take and LOR on bool, to keep the oversubscribed 5-rank
-    run within CI's budget: "auto" is the ring today, the MPI baseline is MPI's own
-    code, the other communicators share the ring's code with WORLD, and the other
-    ops differ only in their kernel, which the smaller sizes exercise. (At this size
-    8- and 16-byte dtypes take several 1 MiB segments per step; test_many_segments
-    forces many segments for every (op, dtype).)
+    The large size runs only on COMM_WORLD, to keep the oversubscribed 5-rank run
+    within CI's budget: through the ring with SUM and AVG on every dtype they take
+    and LOR on bool, through the latency algorithms with SUM on float64 (many
+    segments per message, and recursive doubling's reduce of the very elements it
+    sends). The MPI baseline is MPI's own code, "auto" runs one of the others, the
+    other communicators share the code with WORLD, and the other ops differ only in
+    their kernel, which the smaller sizes exercise (test_many_segments forces many
+    segments for every (op, dtype) and algorithm).
     """
     sizes = sorted({0, 1, nranks - 1, nranks, nranks + 1, PRIME})
     big_op = op is ringmpi.AVG or op == MPI.SUM or (op == MPI.LOR and dtype == np.bool_)
     if algorithm == "ring" and comm_name == "world" and big_op:
+        sizes.append(BIG)
+    latency = algorithm in ("recursive_doubling", "rabenseifner")
+    if latency and comm_name == "world" and op == MPI.SUM and dtype == np.float64:
         sizes.append(BIG)
     return sizes
 
@@ -241,7 +246,7 @@ SPECIAL = [
 ]
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+@pytest.mark.parametrize("algorithm", [*STEPPED, "auto"])
 @pytest.mark.parametrize(("op", "dtype", "make"), SPECIAL)
 def test_special_values(op, dtype, make, algorithm):
     """NumPy's reduction of the stacked inputs, bitwise where the order cannot matter."""
@@ -268,17 +273,18 @@ def test_special_values(op, dtype, make, algorithm):
     agree(comm, problems)
 
 
-# The ring cuts each reduce-scatter chunk into segments of RINGMPI_SEGMENT_BYTES
-# (1 MiB by default, so the sizes above mostly send one segment per step). Tiny
-# segments force the many-segment path: uneven segments, and at 1 byte more
-# segments than elements, so that most of them are empty.
+# The engine sends every message in segments of RINGMPI_SEGMENT_BYTES (1 MiB by
+# default, so the sizes above mostly send one segment per step). Tiny segments
+# force the many-segment path: a reduce's two scratch segments in turn, uneven
+# segments, and at 1 byte one element per segment.
 def _segmented(n: int) -> list[tuple[int, int]]:
     """(segment bytes, count) pairs for N ranks."""
     return [(1, n + 1), (1, 2 * n + 1), (40, n + 1), (40, 1009), (1000, 4099)]
 
 
+@pytest.mark.parametrize("algorithm", STEPPED)
 @pytest.mark.parametrize(("op", "dtype"), PAIRS)
-def test_many_segments(monkeypatch, op, dtype):
+def test_many_segments(monkeypatch, op, dtype, algorithm):
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     problems: list[str] = []
@@ -287,7 +293,7 @@ def test_many_segments(monkeypatch, op, dtype):
         send = kernels.verify_inputs(op, dtype, rank, count)
         expected = kernels.verify_expected(op, dtype, n, count)
         for in_place in (False, True):
-            got, _ = ringmpi_allreduce(comm, op, send, "ring", in_place)
+            got, _ = ringmpi_allreduce(comm, op, send, algorithm, in_place)
             if not np.array_equal(got, expected):
                 where = f"{segment_bytes}-byte segments, count {count}, in-place {in_place}"
                 problems.append(f"{where}: {_first_difference(got, expected)}")

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 SENTINEL = -1000  # never a result: |inputs| <= 4 per rank
-ALGORITHMS = ("ring", "mpi", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "mpi", "auto")
 
 
 @pytest.fixture(scope="module")
@@ -465,6 +465,51 @@ def test_trace_bandwidth_ratio_and_two_calls(comms, name):
         problems.append(f"messages {t.messages}, steps {t.steps}, calls {t.calls}")
     if [e.call for e in t.events] != [0] * (2 * (n - 1)) + [1] * (2 * (n - 1)):
         problems.append(f"calls of the events {[e.call for e in t.events]}")
+    agree(WORLD, problems)
+
+
+def latency_closed_form(algorithm: str, count: int, itemsize: int, n: int, r: int):
+    """(bytes, messages, steps) rank r sends in recursive doubling or Rabenseifner.
+
+    p is the largest power of two <= n and rem = n - p. Ranks below 2 rem fold:
+    an even one sends its buffer to the odd one after it and is sent the result;
+    the odd ones stand for member r // 2, the others for member r - rem. Recursive
+    doubling: lg p swaps of the whole buffer. Rabenseifner over p blocks: member m
+    sends, in halving step k, the half of its range that m's bit (lg p - 1 - k)
+    does not select (everything but block m in all), and in doubling step k the
+    2^k blocks it holds.
+    """
+    p = 1 << (n.bit_length() - 1)
+    rem, lg = n - p, p.bit_length() - 1
+    if r < 2 * rem and r % 2 == 0:
+        return count * itemsize, 1, 1
+    m = r // 2 if r < 2 * rem else r - rem
+    folded = 1 if r < 2 * rem else 0
+    if algorithm == "recursive_doubling":
+        sent = (lg + folded) * count
+        return sent * itemsize, lg + folded, lg + folded
+    blocks = chunk_sizes(count, p)
+    halving = count - blocks[m]
+    doubling = sum(sum(blocks[(m >> k) << k : ((m >> k) + 1) << k]) for k in range(lg))
+    sent = halving + doubling + folded * count
+    return sent * itemsize, 2 * lg + folded, 2 * lg + folded
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize("count", [0, 1, 7, 1009])
+@pytest.mark.parametrize("name", ["world", "half"])
+def test_trace_latency_matches_closed_form(comms, name, count, algorithm):
+    comm = comms[name]
+    r, n = comm.Get_rank(), comm.Get_size()
+    buf = inputs(count, comm=comm)
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, MPI.SUM, comm, algorithm=algorithm)
+    got = (t.bytes_sent, t.messages, t.steps)
+    want = latency_closed_form(algorithm, count, 8, n, r) if n > 1 else (0, 0, 0)
+    problems = [] if got == want else [f"(bytes, messages, steps) {got}, expected {want}"]
+    problems += mismatch("result", buf, expected(count, comm=comm))
+    if {e.algorithm for e in t.events} - {algorithm}:
+        problems.append(f"algorithms {[e.algorithm for e in t.events]}")
     agree(WORLD, problems)
 
 

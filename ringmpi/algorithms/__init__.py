@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _settings
+from .. import _settings, tuning
 from .._comm import Context
 from ..kernels import Reduction
 
@@ -63,15 +63,35 @@ def choose(name: str, nbytes: int, ctx: Context) -> Algorithm:
     """The algorithm a call runs: ``auto`` is resolved here.
 
     ``RINGMPI_ALGORITHM`` overrides auto. Auto chooses among ringmpi's own
-    algorithms; today that is the ring at every size (the latency algorithms
-    and a cost model come later).
+    algorithms the one the cost model (:mod:`ringmpi.tuning`) predicts fastest
+    for this size, rank count and node layout; the choice is kept per
+    communicator and size, so it costs one lookup after the first call.
     """
     if name == "auto":
         name = _settings.get("RINGMPI_ALGORITHM") or "auto"
         lookup(name)
     if name == "auto":
-        name = "ring"
+        name = _auto(nbytes, ctx)
     return _REGISTRY[name]
+
+
+def _auto(nbytes: int, ctx: Context) -> str:
+    get = _settings.get
+    key = (nbytes, get("RINGMPI_TUNING"), get("RINGMPI_RANKS_PER_NODE"),
+           get("RINGMPI_NODE_PLACEMENT"))  # fmt: skip
+    found = ctx.chosen.get(key)
+    if found is None:
+        costs = tuning.load()
+        k, placement = hierarchical.node_settings()
+        lay = hierarchical.layout(ctx, k, placement)  # collective on first use, like the call
+        found = tuning.choose(costs, nbytes, ctx.size, lay.nodes, lay.slices)
+        if len(ctx.chosen) >= _CHOICES_KEPT:
+            ctx.chosen.clear()
+        ctx.chosen[key] = found
+    return found
+
+
+_CHOICES_KEPT = 256
 
 
 def get(name: str) -> Algorithm:

@@ -1,0 +1,157 @@
+"""``mpirun -n N python -m ringmpi.tune``: measure the cost model's constants here.
+
+Times every algorithm ``auto`` chooses among at sizes from ``-b`` to ``-e``
+(interleaved, median of the slowest rank's times), then fits the constants of
+:mod:`ringmpi.tuning` to them by least squares on relative error (so that
+8 bytes counts as much as 64 MiB): alpha, beta, gamma and the per-call cost
+from the ring and the latency algorithms, the node-phase constants from the
+hierarchical algorithm. Writes them, with every measurement and its
+prediction, as JSON for ``RINGMPI_TUNING``; the layout it was measured on is
+recorded with them (rank count and nodes: the constants describe the links
+and memory of that layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _engine, algorithms, tuning
+from ._cli import _abort_on_exception, _size
+from ._comm import context
+from .algorithms.hierarchical import layout, node_settings
+from .kernels import reduction
+
+__all__ = ["fit", "main", "measure"]
+
+_ENGINE = ("ring", "recursive_doubling", "rabenseifner")
+_ENGINE_TERMS = ("call", "alpha", "beta", "gamma")
+_NODE_TERMS = ("node_call", "node_step", "node_byte")
+
+
+def measure(comm: MPI.Intracomm, sizes: list[int], iters: int, budget: float) -> list[dict]:
+    """Median seconds (slowest rank) of every candidate and the MPI baseline per size."""
+    red = reduction(MPI.SUM, np.float32)
+    red.warm()
+    _engine.warm(red)
+    out = []
+    names = [*tuning.CANDIDATES, "mpi"]
+    for size in sizes:
+        count = max(1, size // 4)
+        send = np.ones(count, np.float32)
+        recv = np.empty_like(send)
+        times: dict[str, list[float]] = {a: [] for a in names}
+        # Two warm-up calls each, then interleaved rounds within the budget.
+        for name in names:
+            for _ in range(2):
+                algorithms.get(name).run(recv, red, context(comm), send)
+        deadline = time.perf_counter() + budget
+        for i in range(iters):
+            # Each round starts with the next algorithm: a call finds the caches as the
+            # one before it left them, so no algorithm always follows the same one.
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                algo = algorithms.get(name)
+                comm.Barrier()
+                t0 = time.perf_counter()
+                algo.run(recv, red, context(comm), send)
+                times[name].append(time.perf_counter() - t0)
+            if comm.allreduce(time.perf_counter() > deadline and i >= 2, op=MPI.LOR):
+                break
+        for name in names:
+            slowest = np.asarray(times[name])
+            comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+            out.append(
+                {"algorithm": name, "bytes": count * 4, "seconds": float(np.median(slowest))}
+            )
+    return out
+
+
+def _solve(rows: list[tuple[dict[str, float], float]], names: tuple[str, ...]) -> dict[str, float]:
+    """Least squares on relative error, every constant >= 0 (a negative one is dropped)."""
+    active = list(names)
+    while True:
+        a = np.array([[t.get(k, 0.0) / y for k in active] for t, y in rows])
+        b = np.ones(len(rows))
+        x, *_ = np.linalg.lstsq(a, b, rcond=None)
+        if (x >= 0).all() or len(active) == 1:
+            found = dict(zip(active, np.maximum(x, 0.0), strict=True))
+            return {k: float(found.get(k, 0.0)) for k in names}
+        active.pop(int(np.argmin(x)))
+
+
+def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs:
+    """The constants that best predict ``measured`` (see the module docstring)."""
+    engine = [(tuning.terms(m["algorithm"], m["bytes"], p), m["seconds"])
+              for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
+    first = _solve(engine, _ENGINE_TERMS)
+    partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS})
+    node_rows = []
+    for m in measured:
+        if m["algorithm"] == "hierarchical":
+            t = tuning.terms("hierarchical", m["bytes"], p, nodes, per_node)
+            across = tuning.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
+            node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"] - across))
+    second = _solve([(t, max(y, 1e-9)) for t, y in node_rows], _NODE_TERMS) if node_rows else {}
+    return tuning.Costs(**first, **{k: second.get(k, 0.0) for k in _NODE_TERMS})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m ringmpi.tune",
+        description="Measure the cost model's constants on this machine and layout; write them "
+        "as JSON for RINGMPI_TUNING.",
+    )
+    parser.add_argument("-o", "--output", default="ringmpi-tuning.json", help="the JSON file")
+    parser.add_argument("-b", "--minbytes", type=_size, default=8)
+    parser.add_argument("-e", "--maxbytes", type=_size, default=64 << 20)
+    parser.add_argument("-f", "--stepfactor", type=int, default=4)
+    parser.add_argument("-n", "--iters", type=int, default=20, help="calls per size (at most)")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds per size (about)")
+    comm = MPI.COMM_WORLD
+    _abort_on_exception(comm)
+    args = parser.parse_args(argv)
+    sizes, s = [], args.minbytes
+    while s <= args.maxbytes:
+        sizes.append(s)
+        s *= args.stepfactor
+    ctx = context(comm)
+    lay = layout(ctx, *node_settings())
+    measured = measure(comm, sizes, args.iters, args.budget)
+    costs = fit(measured, comm.Get_size(), lay.nodes, lay.slices)
+    for m in measured:
+        if m["algorithm"] != "mpi":
+            m["predicted"] = tuning.predict(costs, m["algorithm"], m["bytes"], comm.Get_size(),
+                                            lay.nodes, lay.slices)  # fmt: skip
+    if comm.Get_rank() == 0:
+        lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
+        result = {
+            "costs": tuning.as_dict(costs),
+            "layout": {"ranks": comm.Get_size(), "nodes": lay.nodes, "ranks_per_node": lay.slices},
+            "host": socket.gethostname(),
+            "date": datetime.date.today().isoformat(),
+            "mpi_library": lib,
+            "command": "python -m ringmpi.tune " + " ".join(sys.argv[1:] if argv is None else argv),
+            "measured": measured,
+        }
+        with open(args.output, "w") as fh:
+            json.dump(result, fh, indent=1)
+        print(f"# cost model constants, {comm.Get_size()} ranks on {lay.nodes} node(s):")
+        for k, v in tuning.as_dict(costs).items():
+            print(f"  {k:<10} {v:.3e} s")
+        print(f"# {'bytes':>10} {'algorithm':>19} {'measured':>10} {'predicted':>10}   (us)")
+        for m in measured:
+            pred = f"{m['predicted'] * 1e6:10.1f}" if "predicted" in m else f"{'-':>10}"
+            print(f"  {m['bytes']:>10} {m['algorithm']:>19} {m['seconds'] * 1e6:10.1f} {pred}")
+        print(f"# written to {args.output}; use it with RINGMPI_TUNING={args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -356,7 +356,10 @@ def run(
     engine = ctx.extra.get("engine")
     if engine is None:
         engine = ctx.extra["engine"] = _Engine(ctx)
-    shape = engine.shape(plan, red, ctx, segment_bytes())
+    seg_bytes = segment_bytes()
+    shape = engine.shapes.get((id(plan), red.tag, seg_bytes))  # the common case, inline
+    if shape is None or shape.plan is not plan:
+        shape = engine.shape(plan, red, ctx, seg_bytes)
     report = shape.report
     into, source = work, work if source is None else source
     if shape.split:

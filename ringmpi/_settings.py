@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["choice", "flag", "get", "positive_int"]
+__all__ = ["choice", "flag", "get", "positive_int", "snapshot"]
 
 _raw = getattr(os.environ, "_data", None)
 _fast = os.name == "posix" and isinstance(_raw, dict)
@@ -29,6 +29,23 @@ def get(name: str) -> str:
         value = _raw.get(key)
         return "" if value is None else os.fsdecode(value)
     return os.environ.get(name, "")
+
+
+def snapshot(names: tuple[str, ...]) -> tuple:
+    """The raw values of several variables at once (None where unset), to key a cache."""
+    if _fast:
+        return tuple(map(_raw.get, _encoded(names)))
+    return tuple(os.environ.get(name) for name in names)
+
+
+_encodings: dict[tuple[str, ...], tuple[bytes, ...]] = {}
+
+
+def _encoded(names: tuple[str, ...]) -> tuple[bytes, ...]:
+    found = _encodings.get(names)
+    if found is None:
+        found = _encodings[names] = tuple(os.fsencode(n) for n in names)
+    return found
 
 
 def positive_int(name: str) -> int | None:

@@ -67,27 +67,28 @@ def choose(name: str, nbytes: int, ctx: Context) -> Algorithm:
     for this size, rank count and node layout; the choice is kept per
     communicator and size, so it costs one lookup after the first call.
     """
-    if name == "auto":
-        name = _settings.get("RINGMPI_ALGORITHM") or "auto"
-        lookup(name)
-    if name == "auto":
-        name = _auto(nbytes, ctx)
-    return _REGISTRY[name]
+    if name != "auto":
+        return _REGISTRY[name]
+    settings = _settings.snapshot(_AUTO_SETTINGS)
+    if settings[0] and _settings.get("RINGMPI_ALGORITHM") != "auto":
+        return _REGISTRY[lookup(_settings.get("RINGMPI_ALGORITHM"))]
+    found = ctx.chosen.get((nbytes, settings))
+    return _REGISTRY[found if found is not None else _auto(nbytes, ctx, settings)]
 
 
-def _auto(nbytes: int, ctx: Context) -> str:
-    get = _settings.get
-    key = (nbytes, get("RINGMPI_TUNING"), get("RINGMPI_RANKS_PER_NODE"),
-           get("RINGMPI_NODE_PLACEMENT"))  # fmt: skip
-    found = ctx.chosen.get(key)
-    if found is None:
-        costs = tuning.load()
-        k, placement = hierarchical.node_settings()
-        lay = hierarchical.layout(ctx, k, placement)  # collective on first use, like the call
-        found = tuning.choose(costs, nbytes, ctx.size, lay.nodes, lay.slices)
-        if len(ctx.chosen) >= _CHOICES_KEPT:
-            ctx.chosen.clear()
-        ctx.chosen[key] = found
+# What auto's choice depends on besides the size: read together, they key its cache.
+_AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
+                  "RINGMPI_NODE_PLACEMENT")  # fmt: skip
+
+
+def _auto(nbytes: int, ctx: Context, settings: tuple) -> str:
+    costs = tuning.load()
+    k, placement = hierarchical.node_settings()
+    lay = hierarchical.layout(ctx, k, placement)  # collective on first use, like the call
+    found = tuning.choose(costs, nbytes, ctx.size, lay.nodes, lay.slices)
+    if len(ctx.chosen) >= _CHOICES_KEPT:
+        ctx.chosen.clear()
+    ctx.chosen[(nbytes, settings)] = found
     return found
 
 

@@ -20,16 +20,13 @@ from ..kernels import Reduction
 from . import register
 
 
-def _run(name: str, work: np.ndarray, red: Reduction, ctx: Context, source) -> None:
-    _engine.run(ctx.plan(name, work.size), work, red, ctx, name, source=source)
-
-
 @register("recursive_doubling")
 def recursive_doubling_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:
     """Recursive doubling: lg p steps swapping and reducing whole buffers."""
-    _run("recursive_doubling", work, red, ctx, source)
+    _engine.run(ctx.plan("recursive_doubling", work.size), work, red, ctx, "recursive_doubling",
+                source=source)  # fmt: skip
 
 
 @register("rabenseifner")
@@ -37,4 +34,5 @@ def rabenseifner_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:
     """Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling."""
-    _run("rabenseifner", work, red, ctx, source)
+    _engine.run(ctx.plan("rabenseifner", work.size), work, red, ctx, "rabenseifner",
+                source=source)  # fmt: skip

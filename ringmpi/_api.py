@@ -167,10 +167,15 @@ def _run(
     # the contribution from there and skip a copy; otherwise the contribution is
     # copied into `work` first and `source` is None.
     direct = recv.flags.c_contiguous
-    work = recv.reshape(-1)[:count] if direct else np.empty(count, recv.dtype)
+    if not direct:
+        work = np.empty(count, recv.dtype)
+    elif recv.ndim == 1 and recv.size == count:  # the common case: no view to make
+        work = recv
+    else:
+        work = recv.reshape(-1)[:count]
     source = None
     if send is not None and send.flags.c_contiguous:
-        source = send.reshape(-1)
+        source = send if send.ndim == 1 else send.reshape(-1)
     elif send is not None:
         np.copyto(work.reshape(send.shape), send)
     elif not direct:

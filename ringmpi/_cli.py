@@ -29,7 +29,7 @@ import ringmpi
 from . import _engine, _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
 from .algorithms.hierarchical import STORES, layout, node_settings
-from .kernels import OPS, count_wrong, op_from_name, reduction, verify_inputs
+from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
 
@@ -62,9 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
     p.add_argument(
         "-a", "--algorithm", default="auto,mpi",
-        help=f"comma list from {', '.join(algorithms.names())}, or all (auto, each of "
-        f"ringmpi's algorithms and mpi); hierarchical:WAY fixes how it stores to the node's "
-        f"window, WAY one of {', '.join(STORES)} (auto,mpi)",
+        help=f"comma list from {', '.join(algorithms.names())}, {RAW} (comm.Allreduce called "
+        f"directly, without ringmpi's API), or all (auto, each of ringmpi's algorithms, mpi "
+        f"and {RAW}); hierarchical:WAY fixes how it stores to the node's window, WAY one of "
+        f"{', '.join(STORES)} (auto,mpi)",
     )  # fmt: skip
     p.add_argument(
         "--ranks-per-node",
@@ -85,11 +86,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# Not an algorithm of the registry: mpi4py's comm.Allreduce called straight from the
+# benchmark loop, with none of ringmpi's Python in the way (what "mpi" adds to it is
+# ringmpi's call overhead, the same for every algorithm).
+RAW = "mpi4py"
+
+
 def _names(text: str) -> list[str]:
-    """The ``-a`` list, ``all`` expanded (auto, ringmpi's own algorithms, the MPI baseline)."""
+    """The ``-a`` list, ``all`` expanded (auto, ringmpi's own algorithms, the MPI baseline
+    through ringmpi and straight from mpi4py)."""
     names: list[str] = []
     for name in (a.strip() for a in text.split(",")):
-        expanded = ["auto", *tuning.CANDIDATES, "mpi"] if name == "all" else [name] if name else []
+        expanded = (
+            ["auto", *tuning.CANDIDATES, "mpi", RAW] if name == "all" else [name] if name else []
+        )
         names += [n for n in expanded if n not in names]
     return names
 
@@ -97,6 +107,8 @@ def _names(text: str) -> list[str]:
 def _variant(name: str) -> tuple[str, dict[str, str]]:
     """An ``-a`` entry: an algorithm, and for ``hierarchical:WAY`` the way it stores to
     the node's window (RINGMPI_WINDOW_STORES), so that both ways run in one launch."""
+    if name == RAW:
+        return RAW, {}
     base, _, way = name.partition(":")
     algorithms.lookup(base)
     if not way:
@@ -112,6 +124,9 @@ def _variant(name: str) -> tuple[str, dict[str, str]]:
 def _allreduce(send, recv, op, comm, variant: tuple[str, dict[str, str]]) -> None:
     """One call of an ``-a`` entry, its settings in the environment for the call only."""
     name, settings = variant
+    if name == RAW:
+        comm.Allreduce(send, recv, op)
+        return
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:
@@ -279,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
         names = _names(args.algorithm)
         variants = {name: _variant(name) for name in names}
+        if RAW in names and op is AVG:
+            raise ValueError(f"algorithm: {RAW} (MPI's own Allreduce) has no AVG; use mpi")
         node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
         tuning.load()  # RINGMPI_TUNING, checked
         if args.plot:
@@ -332,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         runs = {}
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
-            chosen = algorithms.choose(variants[name][0], nbytes, ctx).name
+            raw = name == RAW
+            chosen = RAW if raw else algorithms.choose(variants[name][0], nbytes, ctx).name
             ctx.barrier()
             t0 = time.perf_counter()
             with _trace.trace() as t:
@@ -343,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = _Run(
                 label=f"auto({chosen})" if name == "auto" else name,
                 wrong=count_wrong(recv, op, nranks) if args.check else -1,
-                traced=t if algorithms.get(chosen).own else None,
+                traced=None if raw or not algorithms.get(chosen).own else t,
                 iters=max(iters, 1),
                 # A call too slow for two in the budget is timed once: this one.
                 times=[took] if iters == 0 else [],

@@ -93,8 +93,8 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
             "--json", str(out), "--plot", str(png))  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi"]
-    for size, group in ((8, rows[:6]), (65536, rows[6:])):
+    names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi", "mpi4py"]
+    for size, group in ((8, rows[:7]), (65536, rows[7:])):
         auto = f"auto({tuning.choose(tuning.DEFAULTS, size, 2, 1, 2)})"
         assert [r["algorithm"] for r in group] == [auto, *names]
         assert all(r["wrong"] == 0 and r["size"] == size for r in group)
@@ -102,7 +102,7 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
         # 2 ranks: one swap for recursive doubling, two steps for the ring and
         # Rabenseifner, no message for hierarchical on one node
         assert (steps["recursive_doubling"], steps["ring"], steps["rabenseifner"]) == (1, 2, 2)
-        assert steps["hierarchical"] == 0 and steps["mpi"] is None
+        assert steps["hierarchical"] == 0 and steps["mpi"] is None and steps["mpi4py"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"# plot written to {png}" in p.stdout
 
@@ -143,6 +143,7 @@ def test_unchecked_run_reports_no_wrong_count():
         (["-o", "mean"], "unknown name 'mean'"),
         (["-e", "lots"], "not a size"),
         (["-a", "ring:cached"], "only hierarchical takes a variant"),
+        (["-a", "mpi4py", "-o", "avg"], "mpi4py (MPI's own Allreduce) has no AVG"),
         (["-a", "hierarchical:fast"], "one of auto, cached, streaming"),
     ],
 )

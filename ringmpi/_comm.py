@@ -22,9 +22,9 @@ from .kernels import Reduction, decode_tag
 __all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI.
-# Measured (docs/performance.md, 8-byte ring on 2 cores): spinning is faster up to
-# 8 ranks, even at 16, and 5x slower at 32 (109 ms against 22 ms) and 3x at 64.
-_CROWDED = 8
+# Measured (docs/performance.md, 8-byte ring in the step engine on 2 cores):
+# spinning is 2.5x faster at 16 ranks, even at 32, and 2.2x slower at 64.
+_CROWDED = 16
 # Plans kept per communicator (a few rows each; a program calls with few sizes).
 _PLANS_KEPT = 64
 
@@ -45,6 +45,7 @@ class Context:
         self.left = (self.rank - 1) % self.size
         self._plans: dict[tuple[str, int], plans.Plan] = {}
         self.chosen: dict[tuple, str] = {}  # auto's choice per size and settings
+        self.node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}

@@ -116,9 +116,9 @@ def predict(costs: Costs, algorithm: str, n: float, p: int, nodes: int = 1, per_
     return sum(getattr(costs, k) * v for k, v in terms(algorithm, n, p, nodes, per_node).items())
 
 
-def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int) -> str:
+def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates=CANDIDATES) -> str:
     """The candidate with the smallest predicted time (the first of equals)."""
-    return min(CANDIDATES, key=lambda a: predict(costs, a, n, p, nodes, per_node))
+    return min(candidates, key=lambda a: predict(costs, a, n, p, nodes, per_node))
 
 
 _loaded: dict[tuple[str, float], Costs] = {}

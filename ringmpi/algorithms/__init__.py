@@ -83,9 +83,12 @@ _AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE
 
 def _auto(nbytes: int, ctx: Context, settings: tuple) -> str:
     costs = tuning.load()
-    k, placement = hierarchical.node_settings()
-    lay = hierarchical.layout(ctx, k, placement)  # collective on first use, like the call
-    found = tuning.choose(costs, nbytes, ctx.size, lay.nodes, lay.slices)
+    nodes, per_node = hierarchical.node_shape(ctx, *hierarchical.node_settings())
+    # Where ranks crowd the cores (8 or more per core) every node synchronisation of
+    # the hierarchical algorithm polls and sleeps: the model's constants do not hold
+    # there, and the algorithms that only exchange messages are kept.
+    candidates = [a for a in tuning.CANDIDATES if a != "hierarchical" or not ctx.sleepy]
+    found = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, candidates)
     if len(ctx.chosen) >= _CHOICES_KEPT:
         ctx.chosen.clear()
     ctx.chosen[(nbytes, settings)] = found

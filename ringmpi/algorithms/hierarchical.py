@@ -94,6 +94,22 @@ def node_settings() -> tuple[int | None, str]:
     return positive_int("RINGMPI_RANKS_PER_NODE"), choice("RINGMPI_NODE_PLACEMENT", PLACEMENTS)
 
 
+def node_shape(ctx: Context, k: int | None, placement: str) -> tuple[int, int]:
+    """(M nodes, ranks of the largest node) without building the layout's rails.
+
+    Emulated nodes follow from k alone; real ones take two small collectives on
+    first use (cached on the context).
+    """
+    n = ctx.size
+    if k is not None:  # virtual_node's nodes (cut out of one real node)
+        nodes = -(-n // k)
+        return nodes, min(k, n) if placement == "block" else -(-n // nodes)
+    if ctx.node_shape is None:
+        nodes = ctx.comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
+        ctx.node_shape = (nodes, ctx.comm.allreduce(ctx.node.Get_size(), op=MPI.MAX))
+    return ctx.node_shape
+
+
 def layout(ctx: Context, k: int | None, placement: str) -> Layout:
     """The node layout of ``ctx``'s communicator (collective on first use; cached)."""
     key = ("layout", k, placement)

@@ -6,7 +6,9 @@ plan, the buffer and the communicator's C handle to :func:`_execute`, a
 Numba-compiled loop that calls MPI_Isend, MPI_Irecv and MPI_Wait through the C
 ABI (:mod:`ringmpi._capi`) and reduces with the op's compiled kernel: no
 interpreter between steps, so a step costs what it costs in C. It is compiled
-once per dtype (the op is a number) and cached on disk.
+once per dtype (the op is a number) and cached on disk. (Numba's cache checks
+only this file's time stamp: a change to the ops in :mod:`ringmpi.kernels`
+needs this file touched, or its cache cleared, to reach the engine.)
 
 Every message is sent in **segments** of at most ``RINGMPI_SEGMENT_BYTES``
 (both sides cut a message of the same length alike). A reduce receives
@@ -33,7 +35,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from . import _trace
+from . import _settings, _trace
 from ._capi import (
     abi,
     handle,
@@ -110,20 +112,23 @@ _CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _NP
 
 
 @_jit
-def _execute(work, source, table, scratch, divisor, params, requests, live, status, report):
+def _execute(work, source, table, scratch, divisor, state, requests, status):
     """Carry out ``table`` (a plan) on ``work``, which first gets a copy of ``source``
     (unless it is ``work``); the other arguments are fixed per call shape.
 
-    ``params`` (see the _CODE ... names): the op's number, the communicator's and
-    MPI_BYTE's handles, the tag, MPI_ANY_TAG, the segment in elements of ``work``,
-    the size of an MPI_Request, where the tag sits in ``status`` (an MPI_Status
-    seen as int32s, followed by two int32 cells for a count and a flag), whether
-    to wait sleepily, and the lanes per element of the plan's offsets. ``scratch``
-    holds two segments. Request slots: the receives' first (all of a store's
-    segments, or two for a reduce), then one per segment sent. ``report[2 row]``
-    and ``report[2 row + 1]`` count the bytes and messages each row really sent;
-    its last 4 cells say what went wrong, if anything: [what, row, detail, detail].
+    ``state`` holds the parameters, then the report. The parameters (the _CODE ...
+    names): the op's number, the communicator's and MPI_BYTE's handles, the tag,
+    MPI_ANY_TAG, the segment in elements of ``work``, the size of an MPI_Request,
+    where the tag sits in ``status`` (an MPI_Status seen as int32s, followed by two
+    int32 cells for a count and a flag), whether to wait sleepily, and the lanes
+    per element of the plan's offsets. ``scratch`` holds two segments.
+    ``requests`` holds the request slots, then a live flag per slot: the
+    receives' slots first (all of a store's segments, or two for a reduce), then
+    one per segment sent. In the report, ``[2 row]`` and ``[2 row + 1]`` count the
+    bytes and messages each row really sent, and the last 4 cells say what went
+    wrong, if anything: [what, row, detail, detail].
     """
+    params, report = state[:_NPARAMS], state[_NPARAMS:]
     code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
     sleepy, w = params[_SLEEPY] != 0, params[_LANES]
@@ -131,6 +136,8 @@ def _execute(work, source, table, scratch, divisor, params, requests, live, stat
     count = status[nstat:]  # count, then flag
     isz = work.itemsize
     base = work.ctypes.data
+    nslots = requests.size // (rsize + 1)
+    live = requests[nslots * rsize :]  # a flag per request slot, after the slots
     req = requests.ctypes.data
     st = status.ctypes.data
     err = report[report.size - 4 :]
@@ -265,15 +272,16 @@ class _Shape:
         fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
                  _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
                  _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w}  # fmt: skip
-        self.params = np.zeros(_NPARAMS, np.int64)
-        self.params[list(fixed)] = list(fixed.values())  # fmt: skip
+        # The fixed arguments, then what each call reports (see _execute).
+        self.state = np.zeros(_NPARAMS + 2 * len(table) + 4, np.int64)
+        self.state[list(fixed)] = list(fixed.values())
+        self.report = self.state[_NPARAMS:]  # fmt: skip
         self.divisor = red.divisor(ctx.size)
         # Two segments of scratch, or two of the longest message reduced if shorter.
         reduced = table[table[:, ACTION] & REDUCE != 0, RECV_LEN] * w
         longest = min(seg, int(reduced.max())) if len(reduced) else 0
         self.scratch = engine.scratch(2 * longest * lanes.itemsize).view(lanes)
         self.split = w != 1
-        self.report = np.zeros(2 * len(table) + 4, np.int64)
         engine.slots(_slots(table, w, seg))
 
 
@@ -284,8 +292,8 @@ class _Engine:
         a = abi()
         self.abi = a
         self.comm = handle(ctx.comm)
-        self.requests = np.zeros(0, np.uint8)
-        self.live = np.zeros(0, np.uint8)
+        self.requests = np.zeros(0, np.uint8)  # the request slots, then a live flag each
+        self.nslots = 0
         self.status = np.zeros(max(a.status_size, 64) // 4 + 2, np.int32)
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
         self._scratch = np.zeros(0, np.uint8)
@@ -298,17 +306,18 @@ class _Engine:
         return self._scratch[:nbytes]
 
     def slots(self, n: int) -> None:
-        if self.live.size < n:
-            self.requests = np.zeros(n * self.abi.request_size, np.uint8)
-            self.live = np.zeros(n, np.uint8)
+        if self.nslots < n:
+            self.requests = np.zeros(n * (self.abi.request_size + 1), np.uint8)
+            self.nslots = n
 
-    def shape(self, plan: Plan, red: Reduction, ctx, seg_bytes: int) -> _Shape:
-        key = (id(plan), red.tag, seg_bytes)
+    def shape(self, plan: Plan, red: Reduction, ctx, setting: str) -> _Shape:
+        """The shape of a call: ``setting`` is RINGMPI_SEGMENT_BYTES's text."""
+        key = (id(plan), red.tag, setting)
         found = self.shapes.get(key)
         if found is None or found.plan is not plan:
             if len(self.shapes) >= _SHAPES_KEPT:
                 self.shapes.clear()
-            found = self.shapes[key] = _Shape(plan, red, ctx, self, seg_bytes)
+            found = self.shapes[key] = _Shape(plan, red, ctx, self, segment_bytes())
         return found
 
     def free(self) -> None:
@@ -356,17 +365,18 @@ def run(
     engine = ctx.extra.get("engine")
     if engine is None:
         engine = ctx.extra["engine"] = _Engine(ctx)
-    seg_bytes = segment_bytes()
-    shape = engine.shapes.get((id(plan), red.tag, seg_bytes))  # the common case, inline
+    # Keyed by the setting's text, parsed only when a new shape is made.
+    setting = _settings.get("RINGMPI_SEGMENT_BYTES")
+    shape = engine.shapes.get((id(plan), red.tag, setting))  # the common case, inline
     if shape is None or shape.plan is not plan:
-        shape = engine.shape(plan, red, ctx, seg_bytes)
+        shape = engine.shape(plan, red, ctx, setting)
     report = shape.report
     into, source = work, work if source is None else source
     if shape.split:
         into, source = red.lanes(into), red.lanes(source)
-    _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.params,
-             engine.requests, engine.live, engine.status, report)  # fmt: skip
-    failed = report[-4] != _OK
+    _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.state,
+             engine.requests, engine.status)  # fmt: skip
+    failed = report.item(-4) != _OK
     if _trace._active:
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
@@ -426,7 +436,5 @@ def warm(red: Reduction | None = None) -> float:
     i64, i32, u8 = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.uint8)
     for dt in kinds:
         arr = np.zeros(1, dt)
-        _execute.compile(
-            tuple(numba.typeof(a) for a in (arr, arr, table, arr, arr, i64, u8, u8, i32, i64))
-        )
+        _execute.compile(tuple(numba.typeof(a) for a in (arr, arr, table, arr, arr, i64, u8, i32)))
     return time.perf_counter() - t0

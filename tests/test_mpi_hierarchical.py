@@ -282,3 +282,30 @@ def test_bad_node_settings(monkeypatch, name, value, match):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=match):
         ringmpi.allreduce(np.ones(4), algorithm="hierarchical")
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, indirect=True, ids=[f"k{k}-{p}" for k, p in LAYOUTS])
+def test_auto_sees_the_emulated_nodes(nodes):
+    """auto predicts with the emulated layout (M nodes, the largest node's ranks) and
+    runs what it predicts; every size gives the exact result."""
+    from ringmpi import _comm, algorithms, tuning
+
+    k, placement = nodes
+    comm = MPI.COMM_WORLD
+    n = comm.Get_size()
+    layout = expected_nodes(n, k, placement)
+    shape = (len(layout), max(len(x) for x in layout))
+    ctx = _comm.context(comm)
+    problems = []
+    for count in (1, 1009, 1 << 18, 1 << 20):
+        nbytes = count * 4
+        chosen = algorithms.choose("auto", nbytes, ctx).name
+        candidates = [a for a in tuning.CANDIDATES if a != "hierarchical" or not ctx.sleepy]
+        want = tuning.choose(tuning.load(), nbytes, n, *shape, candidates)
+        if chosen != want:
+            problems.append(f"{nbytes} B: auto chose {chosen}, the model says {want}")
+        x = kernels.verify_inputs(MPI.SUM, "float32", comm.Get_rank(), count)
+        got = ringmpi.allreduce(x, algorithm="auto")
+        if not np.array_equal(got, kernels.verify_expected(MPI.SUM, "float32", n, count)):
+            problems.append(f"{nbytes} B: wrong result from auto ({chosen})")
+    agree(comm, problems)

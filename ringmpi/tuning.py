@@ -59,7 +59,7 @@ class Costs:
 # Untuned: a node's ranks talking through shared memory, rounded from the fits of
 # python -m ringmpi.tune on a 2-core virtual machine (2026-11-30), with gamma and
 # node_call raised to where that machine's measured crossovers are (recursive
-# doubling up to a few KiB, where MPICH's eager protocol ends; the ring up to
+# doubling up to a few KiB, where MPICH's message cost steps up; the ring up to
 # 256 KiB; hierarchical from 1 MiB at 2 ranks): docs/performance.md.
 DEFAULTS = Costs(
     alpha=1.2e-6,

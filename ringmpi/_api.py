@@ -181,7 +181,8 @@ def _run(
     elif not direct:
         work[...] = recv.reshape(-1)[:count]  # reshape copies a non-contiguous array: C order
 
-    _trace.record_call()
+    if _trace._active:
+        _trace.record_call()
     algo.run(work, red, ctx, source)
     if not direct:
         if count == recv.size:

@@ -604,17 +604,30 @@ class Reduction:
 
 
 _cache: dict[tuple[str, str], Reduction] = {}
+_last: tuple = (None, None, None)
+
+
+def _remember(op: object, dtype: object, red: Reduction) -> None:
+    global _last
+    _last = (op, dtype, red)
+
+
 _quick: dict[tuple[int, np.dtype], Reduction] = {}
 
 
 def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
     """The :class:`Reduction` for ``op`` on ``dtype``; TypeError if MPI does not allow it."""
+    # The pair of the last call, by identity: a loop of calls on one buffer.
+    last = _last
+    if op is last[0] and dtype is last[1]:
+        return last[2]
     # The cache is keyed by the op's MPI handle (mpi4py's Op objects are not
     # hashable) and the dtype: a call on a known pair costs two lookups.
     dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
     quick = (MPI._handleof(op) if isinstance(op, MPI.Op) else id(op), dt)
     found = _quick.get(quick)
     if found is not None:
+        _remember(op, dtype, found)
         return found
     spec = _spec_of(op)
     key = (spec.name, dt.str)

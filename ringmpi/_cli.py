@@ -127,6 +127,9 @@ def _allreduce(send, recv, op, comm, variant: tuple[str, dict[str, str]]) -> Non
     if name == RAW:
         comm.Allreduce(send, recv, op)
         return
+    if not settings:  # as a program would call it
+        ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+        return
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     try:

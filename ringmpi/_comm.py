@@ -47,6 +47,7 @@ class Context:
         self.chosen: dict[tuple, str] = {}  # auto's choice per size and settings
         self.node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
+        self.alive = True  # until free(): the user freed the communicator
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}
         # This rank's shared-memory node: it decides how to wait, and the
@@ -98,6 +99,7 @@ class Context:
         return self._scratch[:nbytes]
 
     def free(self) -> None:
+        self.alive = False
         for item in reversed(list(self.extra.values())):
             item.free()
         self.extra.clear()

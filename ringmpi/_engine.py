@@ -68,7 +68,7 @@ from .plans import (
     Plan,
 )
 
-__all__ = ["SEGMENT_BYTES", "run", "segment_bytes"]
+__all__ = ["SEGMENT_BYTES", "prepare", "run", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
@@ -381,6 +381,30 @@ def run(
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
         _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, prefix, peers or range(ctx.size))
+
+
+def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, split: bool):
+    """A function ``again(work, source)`` that carries out ``plan`` once more, on
+    buffers of the same size and dtype, with the least Python (the API's path for
+    a call that repeats the last one; no trace). None when the plan is empty."""
+    if not len(plan.table):
+        return None
+    engine = ctx.extra.get("engine")
+    if engine is None:
+        engine = ctx.extra["engine"] = _Engine(ctx)
+    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
+    table, scratch, divisor, state, report = (
+        plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
+    )  # fmt: skip
+    lanes = red.lanes
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        into, src = (lanes(work), lanes(source)) if split else (work, source)
+        _execute(into, src, table, scratch, divisor, state, engine.requests, engine.status)
+        if report.item(-4) != _OK:
+            _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, "", range(ctx.size))
+
+    return again
 
 
 def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) -> None:

@@ -18,6 +18,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
+import ringmpi._api
 import ringmpi._comm
 from ringmpi import kernels
 from ringmpi.schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
@@ -843,3 +844,87 @@ def test_one_rank_returns_the_input(comms, op, dtype, algorithm):
     if out.tobytes() != x.tobytes():
         problems.append("result is not bitwise the input")
     agree(WORLD, problems)
+
+
+# --- calls that repeat: the remembered path must see every change ---------------------
+
+REPEATED = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi", "auto"]
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+@pytest.mark.parametrize("algorithm", REPEATED)
+def test_repeated_calls_on_the_same_arrays(algorithm, in_place):
+    count = 1009
+    send = np.empty(count)
+    recv = np.empty(count)
+    problems = []
+    for k in range(4):  # the third and fourth take the remembered path
+        x = inputs(count) * (k + 1)
+        if in_place:
+            recv[...] = x
+            ringmpi.Allreduce(MPI.IN_PLACE, recv, algorithm=algorithm)
+        else:
+            send[...] = x
+            ringmpi.Allreduce(send, recv, algorithm=algorithm)
+        problems += mismatch(f"call {k}", recv, expected(count) * (k + 1))
+    if not any(e.recv() is recv for e in ringmpi._api._repeats.values()):
+        problems.append("the calls were not remembered: the repeat path was not taken")
+    agree(WORLD, problems)
+
+
+@needs_two_ranks  # one rank has no step to segment, and reads no segment setting
+def test_a_repeat_sees_a_new_setting(monkeypatch):
+    buf = inputs(64)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, buf.copy(), algorithm="ring")
+    out = buf.copy()
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, out, algorithm="ring")
+    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "lots")
+    message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, out, algorithm="ring")
+    agree(WORLD, says(message, "RINGMPI_SEGMENT_BYTES must be a whole number"))
+
+
+def test_a_repeat_sees_the_array_change_in_place():
+    count = 64
+    a = np.empty(count, np.float32)
+    problems = []
+    for _ in range(3):
+        a[...] = kernels.verify_inputs(MPI.SUM, "float32", RANK, count)
+        ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    a.dtype = np.int32  # the same memory, now 64 int32
+    a[...] = kernels.verify_inputs(MPI.SUM, "int32", RANK, count)
+    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    problems += mismatch("as int32", a, kernels.verify_expected(MPI.SUM, "int32", SIZE, count))
+    a.flags.writeable = False
+    message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    problems += says(message, "read-only")
+    a.flags.writeable = True
+    a.shape = (8, 8)
+    a[...] = kernels.verify_inputs(MPI.SUM, "int32", RANK, count).reshape(8, 8)
+    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    want = kernels.verify_expected(MPI.SUM, "int32", SIZE, count).reshape(8, 8)
+    problems += mismatch("as 8x8", a, want)
+    agree(WORLD, problems)
+
+
+def test_a_repeat_inside_a_trace_is_counted():
+    buf = inputs(1009)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm="ring")
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm="ring")
+    want = (1, 2 * (SIZE - 1))
+    problems = [] if (t.calls, t.steps) == want else [f"(calls, steps) {(t.calls, t.steps)}"]
+    agree(WORLD, problems)
+
+
+def test_a_repeat_on_a_freed_communicator_is_refused():
+    comm = WORLD.Dup()
+    buf = inputs(16)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, buf.copy(), comm=comm)
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)
+    comm.Free()
+    message = raised(TypeError, ringmpi.Allreduce, MPI.IN_PLACE, buf, comm=comm)
+    agree(WORLD, says(message, "COMM_NULL"))

@@ -31,17 +31,21 @@ class Algorithm:
     run: AlgorithmFn
     summary: str
     own: bool  # one of ringmpi's own (auto chooses among these), not a baseline
+    plan: str | None = None  # the plan the step engine runs for it (ringmpi.plans)
 
 
 _REGISTRY: dict[str, Algorithm] = {}
 
 
-def register(name: str, *, own: bool = True) -> Callable[[AlgorithmFn], AlgorithmFn]:
-    """Class the decorated function as algorithm ``name``."""
+def register(
+    name: str, *, own: bool = True, plan: str | None = None
+) -> Callable[[AlgorithmFn], AlgorithmFn]:
+    """Class the decorated function as algorithm ``name``; ``plan``: it is the step
+    engine carrying out that plan, which the API may then repeat directly."""
 
     def deco(fn: AlgorithmFn) -> AlgorithmFn:
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _REGISTRY[name] = Algorithm(name, fn, summary, own)
+        _REGISTRY[name] = Algorithm(name, fn, summary, own, plan)
         return fn
 
     return deco

@@ -20,7 +20,7 @@ from ..kernels import Reduction
 from . import register
 
 
-@register("recursive_doubling")
+@register("recursive_doubling", plan="recursive_doubling")
 def recursive_doubling_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:
@@ -29,7 +29,7 @@ def recursive_doubling_allreduce(
                 source=source)  # fmt: skip
 
 
-@register("rabenseifner")
+@register("rabenseifner", plan="rabenseifner")
 def rabenseifner_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:

@@ -41,7 +41,7 @@ from ..kernels import Reduction
 from . import register
 
 
-@register("ring")
+@register("ring", plan="ring")
 def ring_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:

@@ -237,7 +237,8 @@ class _Last:
     dtype: np.dtype
     settings: tuple
     ctx: Context
-    run: Any  # run(work, source): the call once more
+    run: Any  # run(work, source): the call once more, on 1-D views
+    flat: bool  # both arrays are 1-D already
 
 
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the algorithm and validate
@@ -269,7 +270,11 @@ def _repeat(last: _Last, sendbuf: Any, recvbuf: Any) -> bool:
         or _settings.snapshot(_SETTINGS) != last.settings
     ):
         return False
-    last.run(recvbuf, source)
+    if last.flat:
+        last.run(recvbuf, source)
+    else:  # views of the same memory, one dimension (in place: the very same view)
+        work = recvbuf.reshape(-1)
+        last.run(work, work if source is recvbuf else source.reshape(-1))
     return True
 
 
@@ -278,14 +283,11 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     key, sendbuf, recvbuf, op, comm, algorithm, validate = given
     simple = (
         isinstance(recvbuf, np.ndarray)
-        and recvbuf.ndim == 1
         and recvbuf.flags.c_contiguous
         and recv.size == count > 0
         and (
             sendbuf is MPI.IN_PLACE
-            or (
-                isinstance(sendbuf, np.ndarray) and sendbuf.ndim == 1 and sendbuf.flags.c_contiguous
-            )
+            or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
     )
     if not simple:
@@ -320,6 +322,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         settings=_settings.snapshot(_SETTINGS),
         ctx=ctx,
         run=run,
+        flat=recvbuf.ndim == 1 and (sendbuf is MPI.IN_PLACE or sendbuf.ndim == 1),
     )
 
 

@@ -851,10 +851,11 @@ def test_one_rank_returns_the_input(comms, op, dtype, algorithm):
 REPEATED = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi", "auto"]
 
 
+@pytest.mark.parametrize("shape", [(1009,), (7, 13)], ids=["1-D", "2-D"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
 @pytest.mark.parametrize("algorithm", REPEATED)
-def test_repeated_calls_on_the_same_arrays(algorithm, in_place):
-    count = 1009
+def test_repeated_calls_on_the_same_arrays(algorithm, in_place, shape):
+    count = shape
     send = np.empty(count)
     recv = np.empty(count)
     problems = []

@@ -106,6 +106,28 @@ def _abandon(requests, rsize, live, nrecv_slots, status):
             live[i] = 0
 
 
+@_jit
+def _arrived(status, tag_at, count, byte, nbytes, tag, err, row):
+    """Whether the receive ``status`` describes brought ``nbytes`` with ``tag``; if
+    not, ``err`` says which differs."""
+    mpi_get_count(status.ctypes.data, byte, count.ctypes.data)
+    if count[0] != nbytes:
+        err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], nbytes
+        return False
+    if status[tag_at] != tag:
+        err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+        return False
+    return True
+
+
+@_jit
+def _reduce(acc, inp, code, reverse, action, divisor):
+    """``acc (op) inp`` in the row's order; AVG divides the finished elements."""
+    combine_by_code(acc, inp, code, reverse)
+    if (action & FINAL) != 0 and divisor.size > 0:
+        divide_by(acc, divisor)
+
+
 # The fixed arguments of a call shape, packed into one int64 array (fewer
 # arguments: Numba's dispatcher pays per argument, on every call).
 _CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _NPARAMS = range(11)
@@ -165,18 +187,10 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                 return
             report[2 * row] = slen * isz
             report[2 * row + 1] = 1
-            mpi_get_count(st, byte, count.ctypes.data)
-            if count[0] != rlen * isz:
-                err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], rlen * isz
-                return
-            if status[tag_at] != tag:
-                err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+            if not _arrived(status, tag_at, count, byte, rlen * isz, tag, err, row):
                 return
             if reduce:
-                acc = work[roff : roff + rlen]
-                combine_by_code(acc, scratch[:rlen], code, reverse)
-                if (action & FINAL) != 0 and divisor.size > 0:
-                    divide_by(acc, divisor)
+                _reduce(work[roff : roff + rlen], scratch[:rlen], code, reverse, action, divisor)
             continue
         # A reduce's segments land in the two scratch halves in turn; a store's in place.
         slots = min(2, nrecv) if reduce else nrecv
@@ -210,12 +224,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                 break
             a = k * seg
             n = min(seg, rlen - a)
-            mpi_get_count(st, byte, count.ctypes.data)
-            if count[0] != n * isz:
-                err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], n * isz
-                break
-            if status[tag_at] != tag:
-                err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+            if not _arrived(status, tag_at, count, byte, n * isz, tag, err, row):
                 break
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
@@ -229,9 +238,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     break
                 half = (k % 2) * seg
                 acc = work[roff + a : roff + a + n]
-                combine_by_code(acc, scratch[half : half + n], code, reverse)
-                if (action & FINAL) != 0 and divisor.size > 0:
-                    divide_by(acc, divisor)
+                _reduce(acc, scratch[half : half + n], code, reverse, action, divisor)
                 if k + 2 < nrecv:
                     a2 = (k + 2) * seg
                     n2 = min(seg, rlen - a2)

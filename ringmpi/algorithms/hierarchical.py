@@ -30,7 +30,8 @@ synchronisation per step. Stores to the window are ordinary ("cached"), which
 hands data over fastest between ranks that share a cache, or non-temporal
 ("streaming", straight to memory), which is faster between ranks on different
 dies; the first calls of each size time both and the node keeps the faster
-(:func:`_choose`). Copies out into the user's buffer stream from 1 MiB on.
+(:func:`_choose`). With the streaming way, copies out into the user's buffer
+stream too, from 1 MiB on.
 
 Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
 window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
@@ -151,9 +152,9 @@ _TRIALS = 3
 # Calls of the chosen way after which the trials run again regardless.
 _RETRY = 256
 # From this buffer size on, auto times both ways (below it, it stores cached), and
-# the copy out of the window into the user's buffer streams past the caches: the
-# result is written once and not read again here, and a streaming store skips
-# reading each line before overwriting it (docs/performance.md).
+# with the streaming way the copy out of the window into the user's buffer streams
+# past the caches too: a streaming store skips reading each line before
+# overwriting it (docs/performance.md).
 _TIMED_FROM = 1 << 20
 
 
@@ -376,7 +377,10 @@ class _Pieces:
     ) -> None:  # fmt: skip
         self.work, self.src, self.red, self.nranks = work, src, red, nranks
         self.streaming = streaming  # stores to the window go past the caches
-        self.stream_out = work.nbytes >= _TIMED_FROM
+        # Copies into the user's buffer stream past the caches with the streaming way
+        # only: with the cached way (ranks that share a cache) the result is better
+        # left in the cache it was made in.
+        self.stream_out = streaming and work.nbytes >= _TIMED_FROM
         # Streaming folds into this cache-sized piece first (one node only; the
         # rails, which also use the context's scratch, run only across nodes).
         one_node = streaming and lay.nodes == 1

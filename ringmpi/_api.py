@@ -48,7 +48,7 @@ def Allreduce(
         and _repeat(last, sendbuf, recvbuf)
     ):
         return
-    given = (key, sendbuf, recvbuf, op, comm, algorithm, validate)
+    given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
     algorithms.lookup(algorithm)
     recv = _as_array(recvbuf, "recvbuf")
@@ -230,8 +230,6 @@ class _Last:
     recv: Any  # a weak reference to recvbuf
     op: Any
     comm: Any
-    algorithm: str
-    validate: bool | None
     send_shape: tuple
     shape: tuple
     dtype: np.dtype
@@ -280,7 +278,7 @@ def _repeat(last: _Last, sendbuf: Any, recvbuf: Any) -> bool:
 
 def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo) -> None:
     """Keep what a repeat of this call needs, if it can be repeated that way."""
-    key, sendbuf, recvbuf, op, comm, algorithm, validate = given
+    key, sendbuf, recvbuf, op, comm = given
     simple = (
         isinstance(recvbuf, np.ndarray)
         and recvbuf.flags.c_contiguous
@@ -301,8 +299,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         _repeats.clear()
     run = None
     if algo.plan is not None:
-        split = red.lanes(recv).size != recv.size
-        run = _engine.prepare(ctx.plan(algo.plan, count), red, ctx, algo.name, split)
+        run = _engine.prepare(ctx.plan(algo.plan, count), red, ctx, algo.name)
     if run is None:
         fn = algo.run
 
@@ -314,8 +311,6 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         recv=weakref.ref(recvbuf),
         op=op,
         comm=comm,
-        algorithm=algorithm,
-        validate=validate,
         send_shape=() if send is None else send.shape,
         shape=recv.shape,
         dtype=recv.dtype,

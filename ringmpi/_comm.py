@@ -30,7 +30,7 @@ _PLANS_KEPT = 64
 
 
 class Context:
-    """What ringmpi keeps per communicator: the duplicate, the neighbours, reusable buffers."""
+    """What ringmpi keeps per communicator: the duplicate, plans, reusable buffers."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         policy = _wait_policy()  # a bad setting fails before anything is made
@@ -41,8 +41,6 @@ class Context:
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self.right = (self.rank + 1) % self.size
-        self.left = (self.rank - 1) % self.size
         self._plans: dict[tuple[str, int], plans.Plan] = {}
         self.chosen: dict[tuple, str] = {}  # auto's choice per size and settings
         self.node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)

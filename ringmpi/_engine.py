@@ -318,7 +318,8 @@ class _Engine:
             self.nslots = n
 
     def shape(self, plan: Plan, red: Reduction, ctx, setting: str) -> _Shape:
-        """The shape of a call: ``setting`` is RINGMPI_SEGMENT_BYTES's text."""
+        """The shape of a call: ``setting`` is RINGMPI_SEGMENT_BYTES's text (keyed by
+        it, parsed only when a new shape is made)."""
         key = (id(plan), red.tag, setting)
         found = self.shapes.get(key)
         if found is None or found.plan is not plan:
@@ -369,14 +370,8 @@ def run(
         if source is not None:
             np.copyto(work, source)
         return
-    engine = ctx.extra.get("engine")
-    if engine is None:
-        engine = ctx.extra["engine"] = _Engine(ctx)
-    # Keyed by the setting's text, parsed only when a new shape is made.
-    setting = _settings.get("RINGMPI_SEGMENT_BYTES")
-    shape = engine.shapes.get((id(plan), red.tag, setting))  # the common case, inline
-    if shape is None or shape.plan is not plan:
-        shape = engine.shape(plan, red, ctx, setting)
+    engine = _engine_of(ctx)
+    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
     report = shape.report
     into, source = work, work if source is None else source
     if shape.split:
@@ -390,20 +385,18 @@ def run(
         _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, prefix, peers or range(ctx.size))
 
 
-def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, split: bool):
+def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
     """A function ``again(work, source)`` that carries out ``plan`` once more, on
     buffers of the same size and dtype, with the least Python (the API's path for
     a call that repeats the last one; no trace). None when the plan is empty."""
     if not len(plan.table):
         return None
-    engine = ctx.extra.get("engine")
-    if engine is None:
-        engine = ctx.extra["engine"] = _Engine(ctx)
+    engine = _engine_of(ctx)
     shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
     table, scratch, divisor, state, report = (
         plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
     )  # fmt: skip
-    lanes = red.lanes
+    lanes, split = red.lanes, shape.split
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
         into, src = (lanes(work), lanes(source)) if split else (work, source)
@@ -412,6 +405,14 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, split: bool):
             _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, "", range(ctx.size))
 
     return again
+
+
+def _engine_of(ctx) -> _Engine:
+    """The communicator's engine state (made on first use)."""
+    engine = ctx.extra.get("engine")
+    if engine is None:
+        engine = ctx.extra["engine"] = _Engine(ctx)
+    return engine
 
 
 def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) -> None:

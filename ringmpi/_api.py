@@ -224,6 +224,9 @@ _SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
              "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES")  # fmt: skip
 
 
+_settings_now = _settings.snapshotter(_SETTINGS)
+
+
 @dataclass(eq=False)
 class _Last:
     send: Any  # a weak reference to sendbuf, or None for MPI.IN_PLACE
@@ -265,7 +268,7 @@ def _repeat(last: _Last, sendbuf: Any, recvbuf: Any) -> bool:
         or not (flags.c_contiguous and flags.writeable)
         or _trace._active
         or not last.ctx.alive
-        or _settings.snapshot(_SETTINGS) != last.settings
+        or _settings_now() != last.settings
     ):
         return False
     if last.flat:
@@ -300,6 +303,8 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     run = None
     if algo.plan is not None:
         run = _engine.prepare(ctx.plan(algo.plan, count), red, ctx, algo.name)
+    elif algo.prepare is not None:
+        run = algo.prepare(red, ctx)
     if run is None:
         fn = algo.run
 
@@ -314,7 +319,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         send_shape=() if send is None else send.shape,
         shape=recv.shape,
         dtype=recv.dtype,
-        settings=_settings.snapshot(_SETTINGS),
+        settings=_settings_now(),
         ctx=ctx,
         run=run,
         flat=recvbuf.ndim == 1 and (sendbuf is MPI.IN_PLACE or sendbuf.ndim == 1),

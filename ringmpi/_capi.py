@@ -33,6 +33,7 @@ import numpy as np
 from llvmlite import binding, ir
 from mpi4py import MPI
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["Abi", "abi", "handle"]
@@ -138,6 +139,49 @@ def mpi_get_count(typingctx, status, datatype, count):
     """MPI_Get_count(status, datatype, count)."""
     sig = types.int32(status, datatype, count)
     return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Get_count", "ppp")
+
+
+@intrinsic
+def mpi_win_sync(typingctx, win):
+    """MPI_Win_sync(win)."""
+    sig = types.int32(win)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Win_sync", "p")
+
+
+def _cell(context, builder, sig, args):
+    """The address of ``array[index]`` (an int64 cell; no bounds check)."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    index = context.cast(builder, args[1], sig.args[1], types.intp)
+    return cgutils.get_item_pointer(context, builder, sig.args[0], ary, [index])
+
+
+@intrinsic
+def load_acquire(typingctx, array, index):
+    """``array[index]`` (int64) read atomically with acquire ordering: no later load
+    of this rank is served before it, and the compiler re-reads it every time (a
+    flag another process sets)."""
+    if array.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_cell(context, builder, sig, args), "acquire", 8)
+
+    return types.int64(array, index), codegen
+
+
+@intrinsic
+def store_release(typingctx, array, index, value):
+    """``array[index] = value`` (int64) written atomically with release ordering:
+    every earlier store of this rank is visible before it."""
+    if array.dtype != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[2], sig.args[2], types.int64)
+        builder.store_atomic(value, _cell(context, builder, sig, args[:2]), "release", 8)
+        return context.get_dummy_value()
+
+    return types.none(array, index, value), codegen
 
 
 @intrinsic

@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import ringmpi
 
-from . import _engine, _plot, _trace, algorithms, tuning
+from . import _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
 from .algorithms.hierarchical import STORES, layout, node_settings
 from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
@@ -162,11 +162,11 @@ def _warm(ctx: Context, red: Any) -> float:
     """
     # Sleepy barriers: ranks that spin would take the CPU from ranks still compiling.
     first = ctx.node.Get_rank() == 0
-    took = red.warm() + _engine.warm(red) if first else 0.0
+    took = red.warm() + algorithms.warm(red) if first else 0.0
     sleepy_barrier(ctx.node)
     if not first:
         red.warm()
-        _engine.warm(red)
+        algorithms.warm(red)
     sleepy_barrier(ctx.node)
     return ctx.comm.allreduce(took, op=MPI.MAX)
 
@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     # still starting up (64 ranks on 2 cores import for tens of seconds).
     sleepy_barrier(comm)
     ctx = context(comm)
+    if "all" in args.algorithm.split(","):  # shared_memory only where it can run
+        names = [n for n in names if n not in tuning.CANDIDATES or n in algorithms.usable(ctx)]
     compile_s = _warm(ctx, red)
     header = _header(ctx, compile_s, args)
     if rank == 0:

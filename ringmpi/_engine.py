@@ -456,14 +456,19 @@ def _raise(
     raise RingMPIError(f"{where}: MPI error: {MPI.Get_error_string(code)}")
 
 
+def lane_kinds(red: Reduction | None) -> set[np.dtype]:
+    """The dtypes compiled loops see for ``red`` (the lanes it runs on), or for every
+    reduction when None: every dtype, and the real lanes complex SUM and AVG run on."""
+    if red is not None:
+        return {red.lanes(np.zeros(1, red.dtype)).dtype}
+    return set(DTYPES) | {np.dtype(np.float32), np.dtype(np.float64)}
+
+
 def warm(red: Reduction | None = None) -> float:
     """Compile (or load from Numba's cache) the engine for ``red``'s dtype, or for
     every dtype when None; returns the seconds it took."""
     t0 = time.perf_counter()
-    if red is not None:
-        kinds = {red.lanes(np.zeros(1, red.dtype)).dtype}
-    else:  # every dtype, and the real lanes complex SUM and AVG run on
-        kinds = set(DTYPES) | {np.dtype(np.float32), np.dtype(np.float64)}
+    kinds = lane_kinds(red)
     table = np.zeros((0, 9), np.int64)
     i64, i32, u8 = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.uint8)
     for dt in kinds:

@@ -41,7 +41,7 @@ def draw(rows: list[dict], header: dict, path: str, nodes: int, per_node: int, a
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     p = header["ranks"]
-    costs = tuning.load()
+    costs = tuning.load(per_node)
     labels = list(dict.fromkeys(_label(r) for r in rows))
     fig, (bw, lat, model) = plt.subplots(1, 3, figsize=(16, 5))
     for label in labels:

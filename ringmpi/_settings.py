@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["choice", "flag", "get", "positive_int", "snapshot"]
+__all__ = ["choice", "flag", "get", "positive_int", "snapshot", "snapshotter"]
 
 _raw = getattr(os.environ, "_data", None)
 _fast = os.name == "posix" and isinstance(_raw, dict)
@@ -36,6 +36,14 @@ def snapshot(names: tuple[str, ...]) -> tuple:
     if _fast:
         return tuple(map(_raw.get, _encoded(names)))
     return tuple(os.environ.get(name) for name in names)
+
+
+def snapshotter(names: tuple[str, ...]):
+    """A function of no arguments that returns ``snapshot(names)``, for hot paths."""
+    if _fast:
+        keys, lookup = _encoded(names), _raw.get
+        return lambda: tuple(map(lookup, keys))
+    return lambda: snapshot(names)
 
 
 _encodings: dict[tuple[str, ...], tuple[bytes, ...]] = {}

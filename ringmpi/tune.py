@@ -23,7 +23,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine, algorithms, tuning
+from . import algorithms, tuning
 from ._cli import _abort_on_exception, _size
 from ._comm import context
 from .algorithms.hierarchical import layout, node_settings
@@ -34,15 +34,16 @@ __all__ = ["fit", "main", "measure"]
 _ENGINE = ("ring", "recursive_doubling", "rabenseifner")
 _ENGINE_TERMS = ("call", "alpha", "beta", "gamma")
 _NODE_TERMS = ("node_call", "node_step", "node_byte")
+_SHM_TERMS = ("shm_wait", "shm_byte")
 
 
 def measure(comm: MPI.Intracomm, sizes: list[int], iters: int, budget: float) -> list[dict]:
     """Median seconds (slowest rank) of every candidate and the MPI baseline per size."""
     red = reduction(MPI.SUM, np.float32)
     red.warm()
-    _engine.warm(red)
+    algorithms.warm(red)
     out = []
-    names = [*tuning.CANDIDATES, "mpi"]
+    names = [*algorithms.usable(context(comm)), "mpi"]
     for size in sizes:
         count = max(1, size // 4)
         send = np.ones(count, np.float32)
@@ -91,7 +92,7 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
     engine = [(tuning.terms(m["algorithm"], m["bytes"], p), m["seconds"])
               for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
     first = _solve(engine, _ENGINE_TERMS)
-    partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS})
+    partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})
     node_rows = []
     for m in measured:
         if m["algorithm"] == "hierarchical":
@@ -99,7 +100,16 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
             across = tuning.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
             node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"] - across))
     second = _solve([(t, max(y, 1e-9)) for t, y in node_rows], _NODE_TERMS) if node_rows else {}
-    return tuning.Costs(**first, **{k: second.get(k, 0.0) for k in _NODE_TERMS})
+    # shared_memory: its own constants over the per-call cost fitted above
+    shm_rows = []
+    for m in measured:
+        if m["algorithm"] == "shared_memory":
+            t = tuning.terms("shared_memory", m["bytes"], p)
+            rest = m["seconds"] - first["call"]
+            shm_rows.append(({k: t[k] for k in _SHM_TERMS}, max(rest, 1e-9)))
+    third = _solve(shm_rows, _SHM_TERMS) if shm_rows else {}
+    shm = {k: third.get(k, getattr(tuning.DEFAULTS, k)) for k in _SHM_TERMS}
+    return tuning.Costs(**first, **{k: second.get(k, 0.0) for k in _NODE_TERMS}, **shm)
 
 
 def main(argv: list[str] | None = None) -> int:

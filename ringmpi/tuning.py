@@ -10,16 +10,19 @@ Each of ringmpi's own algorithms gets a predicted time for ``n`` bytes on
 
 plus a fixed cost per call, and, for the hierarchical algorithm's
 shared-memory phase, a fixed cost, a cost per pipeline step and one per byte
-of the buffer. With p' the largest power of two <= p and the fold of the
-other p - p' ranks (two more steps moving the whole buffer)::
+of the buffer; for the shared_memory algorithm a cost per rank it waits for
+and per byte it folds. With p' the largest power of two <= p and the fold of
+the other p - p' ranks (two more steps moving the whole buffer)::
 
     ring                2(p-1) alpha + 2n(p-1)/p beta + n(p-1)/p gamma
     recursive_doubling  lg p' (alpha + n beta + n gamma)               + fold
     rabenseifner        2 lg p' alpha + 2n(p'-1)/p' beta + n(p'-1)/p' gamma + fold
     hierarchical        node phase + the ring over the M nodes on n/L bytes
+    shared_memory       2 k p shm_wait + n p shm_byte   (k pieces of 64 KiB; one node)
 
-The defaults (:data:`DEFAULTS`) are sensible for ranks that share a node's
-memory; ``python -m ringmpi.tune`` measures the constants for the machine and
+The defaults (:func:`defaults`: :data:`DEFAULTS` measured with 2 ranks on a
+node, :data:`CROWDED` with 16, in between interpolated) are sensible for ranks
+that share a node's memory; ``python -m ringmpi.tune`` measures the constants for the machine and
 layout at hand and writes them as JSON, which ``RINGMPI_TUNING`` points to.
 Every rank computes the same prediction from the same inputs, so all choose
 alike without a message.
@@ -34,13 +37,15 @@ from dataclasses import asdict, dataclass, fields
 
 from ._settings import get
 
-__all__ = ["DEFAULTS", "Costs", "choose", "load", "predict", "terms"]
+__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict", "terms"]
 
 # The algorithms auto chooses among (each is registered under this name).
-CANDIDATES = ("ring", "recursive_doubling", "rabenseifner", "hierarchical")
+CANDIDATES = ("ring", "recursive_doubling", "rabenseifner", "hierarchical", "shared_memory")
 
 # Bytes of the buffer a hierarchical pipeline step handles (its cached way's piece).
 _PIECE = 1 << 21
+# Bytes of the buffer one shared_memory synchronisation carries (its SET_BYTES).
+_SET = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -54,13 +59,16 @@ class Costs:
     node_call: float  # per hierarchical call (its Python and its first synchronisation)
     node_step: float  # per hierarchical pipeline step (a node synchronisation)
     node_byte: float  # per byte of the buffer in the hierarchical node phase
+    shm_wait: float  # shared_memory: per flag a rank waits on (a rank, twice a piece)
+    shm_byte: float  # shared_memory: per byte of one rank's contribution folded
 
 
-# Untuned: a node's ranks talking through shared memory, rounded from the fits of
-# python -m ringmpi.tune on a 2-core virtual machine (2026-11-30), with gamma and
-# node_call raised to where that machine's measured crossovers are (recursive
-# doubling up to a few KiB, where MPICH's message cost steps up; the ring up to
-# 256 KiB; hierarchical from 1 MiB at 2 ranks): docs/performance.md.
+# Untuned, for nodes of 2 ranks: a node's ranks talking through shared memory,
+# rounded from the fits of python -m ringmpi.tune on a 2-core virtual machine
+# (2026-11-30), with gamma and node_call raised to where that machine's measured
+# crossovers are (recursive doubling up to a few KiB, where MPICH's message cost
+# steps up; the ring up to 256 KiB; hierarchical from 1 MiB at 2 ranks):
+# docs/performance.md.
 DEFAULTS = Costs(
     alpha=1.2e-6,
     beta=1.6e-10,
@@ -69,7 +77,40 @@ DEFAULTS = Costs(
     node_call=40e-6,
     node_step=8e-6,
     node_byte=1.6e-10,
+    shm_wait=0.1e-6,
+    shm_byte=0.3e-9,
 )
+
+# Untuned, for nodes of 16 ranks: rounded from the fit of the same model to the
+# 16-rank sweeps of every algorithm on a 16-core host (MPICH 5.0.2, 2026-11-30,
+# docs/performance.md). Memory bandwidth shared by more ranks costs each byte
+# more, and a node synchronisation waits for more ranks.
+CROWDED = Costs(
+    alpha=1.5e-6,
+    beta=4.2e-10,
+    gamma=0.3e-10,
+    call=13e-6,
+    node_call=10e-6,
+    node_step=48e-6,
+    node_byte=7.0e-10,
+    shm_wait=6.4e-9,
+    shm_byte=1.3e-10,
+)
+_SMALL, _CROWDED = 2, 16  # the ranks per node of DEFAULTS and CROWDED
+_LATER = ("shm_wait", "shm_byte")  # constants tuning files may lack (added later)
+
+
+def defaults(per_node: int) -> Costs:
+    """The untuned constants for nodes of ``per_node`` ranks: DEFAULTS at 2 and
+    below, CROWDED at 16 and above, each constant geometrically in between (in
+    log2 of the ranks per node; the fits at 4 and 8 ranks lie close to that line)."""
+    if per_node <= _SMALL:
+        return DEFAULTS
+    if per_node >= _CROWDED:
+        return CROWDED
+    t = math.log(per_node / _SMALL) / math.log(_CROWDED / _SMALL)
+    small, crowded = asdict(DEFAULTS), asdict(CROWDED)
+    return Costs(**{k: small[k] ** (1 - t) * crowded[k] ** t for k in small})
 
 
 def _fold(p: int) -> tuple[int, int]:
@@ -104,6 +145,9 @@ def terms(algorithm: str, n: float, p: int, nodes: int = 1, per_node: int = 1) -
             across = terms("ring", n / per_node, nodes)
             t.update({k: v for k, v in across.items() if k != "call"})
         return t
+    elif algorithm == "shared_memory":
+        pieces = max(1, math.ceil(n / _SET))
+        return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * p}
     else:
         raise ValueError(f"no cost model for {algorithm!r}")
     for k, v in fold.items():
@@ -121,31 +165,36 @@ def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates
     return min(candidates, key=lambda a: predict(costs, a, n, p, nodes, per_node))
 
 
-_loaded: dict[tuple[str, float], Costs] = {}
+_loaded: dict[tuple[str, float, int], Costs] = {}
 
 
-def load() -> Costs:
-    """The constants of the file ``RINGMPI_TUNING`` names, or :data:`DEFAULTS`.
+def load(per_node: int = _SMALL) -> Costs:
+    """The constants of the file ``RINGMPI_TUNING`` names, or :func:`defaults` for
+    nodes of ``per_node`` ranks.
 
     A file is read once (and again when it changes); a missing or bad file is an
     error naming it, not a silent fallback.
     """
     path = get("RINGMPI_TUNING")
     if not path:
-        return DEFAULTS
+        return defaults(per_node)
     try:
         stamp = os.stat(path).st_mtime
     except OSError as exc:
         raise ValueError(f"RINGMPI_TUNING: cannot read {path!r}: {exc.strerror}") from None
-    found = _loaded.get((path, stamp))
+    found = _loaded.get((path, stamp, per_node))
     if found is None:
         try:
             with open(path) as fh:
                 data = json.load(fh)
-            found = Costs(**{f.name: float(data["costs"][f.name]) for f in fields(Costs)})
+            given = dict(data["costs"])
+            # A file written before the shared_memory algorithm keeps the defaults for it.
+            for name in _LATER:
+                given.setdefault(name, getattr(defaults(per_node), name))
+            found = Costs(**{f.name: float(given[f.name]) for f in fields(Costs)})
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"RINGMPI_TUNING: {path!r} is not a tuning file: {exc}") from None
-        _loaded[(path, stamp)] = found
+        _loaded[(path, stamp, per_node)] = found
     return found
 
 

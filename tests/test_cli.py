@@ -78,7 +78,7 @@ def test_auto_other_types_and_ops(tmp_path):
             "-f", "1024", "-n", "2", "-w", "0", "--json", str(out))  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    chosen = [tuning.choose(tuning.DEFAULTS, n, 3, 1, 3) for n in (24, 24 << 10)]
+    chosen = [tuning.choose(tuning.defaults(3), n, 3, 1, 3) for n in (24, 24 << 10)]
     assert [r["algorithm"] for r in rows] == [f"auto({chosen[0]})", "ring", "mpi",
                                               f"auto({chosen[1]})", "ring", "mpi"]  # fmt: skip
     assert all(r["wrong"] == 0 and r["type"] == "float64" and r["redop"] == "max" for r in rows)
@@ -93,16 +93,18 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
             "--json", str(out), "--plot", str(png))  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi", "mpi4py"]
-    for size, group in ((8, rows[:7]), (65536, rows[7:])):
+    names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "shared_memory",
+             "mpi", "mpi4py"]  # fmt: skip
+    for size, group in ((8, rows[:8]), (65536, rows[8:])):
         auto = f"auto({tuning.choose(tuning.DEFAULTS, size, 2, 1, 2)})"
         assert [r["algorithm"] for r in group] == [auto, *names]
         assert all(r["wrong"] == 0 and r["size"] == size for r in group)
         steps = {r["algorithm"]: r["steps"] for r in group}
         # 2 ranks: one swap for recursive doubling, two steps for the ring and
-        # Rabenseifner, no message for hierarchical on one node
+        # Rabenseifner, no message for hierarchical and shared_memory on one node
         assert (steps["recursive_doubling"], steps["ring"], steps["rabenseifner"]) == (1, 2, 2)
-        assert steps["hierarchical"] == 0 and steps["mpi"] is None and steps["mpi4py"] is None
+        assert steps["hierarchical"] == steps["shared_memory"] == 0
+        assert steps["mpi"] is None and steps["mpi4py"] is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"# plot written to {png}" in p.stdout
 

@@ -22,7 +22,7 @@ from ringmpi import kernels
 
 pytestmark = pytest.mark.mpi
 
-ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "mpi", "auto")
+ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi", "auto")
 STEPPED = ("ring", "recursive_doubling", "rabenseifner")  # ringmpi's own, run by the engine
 PAIRS = [
     pytest.param(spec.op, dt, id=f"{spec.name}-{dt.name}")
@@ -51,7 +51,7 @@ def _sizes(nranks: int, op: object, dtype: np.dtype, algorithm: str, comm_name: 
     within CI's budget: through the ring with SUM and AVG on every dtype they take
     and LOR on bool, through the latency algorithms with SUM on float64 (many
     segments per message, and recursive doubling's reduce of the very elements it
-    sends). The MPI baseline is MPI's own code, "auto" runs one of the others, the
+    sends), through shared_memory likewise (many pieces, both slot sets). The MPI baseline is MPI's own code, "auto" runs one of the others, the
     other communicators share the code with WORLD, and the other ops differ only in
     their kernel, which the smaller sizes exercise (test_many_segments forces many
     segments for every (op, dtype) and algorithm).
@@ -60,7 +60,7 @@ def _sizes(nranks: int, op: object, dtype: np.dtype, algorithm: str, comm_name: 
     big_op = op is ringmpi.AVG or op == MPI.SUM or (op == MPI.LOR and dtype == np.bool_)
     if algorithm == "ring" and comm_name == "world" and big_op:
         sizes.append(BIG)
-    latency = algorithm in ("recursive_doubling", "rabenseifner")
+    latency = algorithm in ("recursive_doubling", "rabenseifner", "shared_memory")
     if latency and comm_name == "world" and op == MPI.SUM and dtype == np.float64:
         sizes.append(BIG)
     return sizes

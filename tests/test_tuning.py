@@ -23,6 +23,10 @@ def test_terms_are_the_closed_forms():
         "call": 1, "alpha": 4 + 2, "beta": 150 + 200, "gamma": 75 + 100,
     }  # fmt: skip
     assert tuning.terms("ring", 100, 1) == {"call": 1}
+    # shared_memory: every rank waits on p flags twice and folds p contributions,
+    # per piece of 64 KiB
+    assert tuning.terms("shared_memory", 100, 4) == {"call": 1, "shm_wait": 8, "shm_byte": 400}
+    assert tuning.terms("shared_memory", 100_000, 3)["shm_wait"] == 2 * 2 * 3
 
 
 def test_hierarchical_terms_count_pipeline_steps_and_the_ring_across_nodes():
@@ -34,12 +38,27 @@ def test_hierarchical_terms_count_pipeline_steps_and_the_ring_across_nodes():
                    "alpha": ring["alpha"], "beta": ring["beta"], "gamma": ring["gamma"]}  # fmt: skip
 
 
-def test_defaults_choose_latency_small_and_shared_memory_large():
-    assert tuning.choose(D, 8, 2, 1, 2) == "recursive_doubling"
-    assert tuning.choose(D, 8, 64, 1, 64) == "recursive_doubling"
+def test_defaults_choose_shared_memory_small_and_hierarchical_large():
+    assert tuning.choose(D, 8, 2, 1, 2) == "shared_memory"
+    assert tuning.choose(tuning.defaults(64), 8, 64, 1, 64) == "shared_memory"
+    messages = [a for a in tuning.CANDIDATES if a != "shared_memory"]  # several nodes
+    assert tuning.choose(D, 8, 16, 4, 4, messages) == "recursive_doubling"
     assert tuning.choose(D, 64 << 20, 2, 1, 2) == "hierarchical"
+    # 16 ranks on a node: Rabenseifner's few steps win in the middle (measured there)
+    assert tuning.choose(tuning.defaults(16), 1 << 20, 16, 1, 16) == "rabenseifner"
+    assert tuning.choose(tuning.defaults(16), 64 << 20, 16, 1, 16) == "hierarchical"
     # one rank per node: no shared memory to use, the ring's bandwidth wins
-    assert tuning.choose(D, 64 << 20, 8, 8, 1) in ("ring", "rabenseifner")
+    assert tuning.choose(D, 64 << 20, 8, 8, 1, messages) in ("ring", "rabenseifner")
+
+
+def test_defaults_by_ranks_per_node():
+    assert tuning.defaults(1) == tuning.defaults(2) == D
+    assert tuning.defaults(16) == tuning.defaults(64) == tuning.CROWDED
+    small, crowded = dataclasses.asdict(D), dataclasses.asdict(tuning.CROWDED)
+    # 4 ranks lie a third of the way from 2 to 16 in log2: a geometric third
+    four = dataclasses.asdict(tuning.defaults(4))
+    for k in small:
+        assert four[k] == pytest.approx(small[k] ** (2 / 3) * crowded[k] ** (1 / 3)), k
 
 
 def test_choice_is_the_smallest_prediction():
@@ -60,7 +79,7 @@ def _measured(costs, p, nodes, per_node):
 @pytest.mark.parametrize(("p", "nodes", "per_node"), [(2, 1, 2), (8, 2, 4), (5, 1, 5)])
 def test_fit_recovers_the_constants_that_made_the_data(p, nodes, per_node):
     known = tuning.Costs(alpha=2e-6, beta=3e-10, gamma=5e-11, call=6e-6, node_call=30e-6,
-                         node_step=5e-6, node_byte=2e-10)  # fmt: skip
+                         node_step=5e-6, node_byte=2e-10, shm_wait=1e-7, shm_byte=2e-10)  # fmt: skip
     got = fit(_measured(known, p, nodes, per_node), p, nodes, per_node)
     for f in dataclasses.fields(tuning.Costs):
         assert getattr(got, f.name) == pytest.approx(getattr(known, f.name), rel=1e-6), f.name
@@ -78,11 +97,19 @@ def test_fit_keeps_constants_non_negative():
 def test_load_defaults_and_a_file(tmp_path, monkeypatch):
     monkeypatch.delenv("RINGMPI_TUNING", raising=False)
     assert tuning.load() == D
+    assert tuning.load(8) == tuning.defaults(8)
     path = tmp_path / "t.json"
     costs = dataclasses.replace(D, alpha=9e-6)
     path.write_text(json.dumps({"costs": dataclasses.asdict(costs), "measured": []}))
     monkeypatch.setenv("RINGMPI_TUNING", str(path))
     assert tuning.load() == costs
+    assert tuning.load(8) == costs  # a file holds whatever layout it was measured on
+    # a file from before shared_memory: its constants, the defaults for the new ones
+    older = {k: v for k, v in dataclasses.asdict(costs).items() if not k.startswith("shm_")}
+    path.write_text(json.dumps({"costs": older, "measured": []}))
+    assert tuning.load(16) == dataclasses.replace(
+        costs, shm_wait=tuning.CROWDED.shm_wait, shm_byte=tuning.CROWDED.shm_byte
+    )
 
 
 def test_load_names_a_missing_or_bad_file(tmp_path, monkeypatch):

@@ -11,12 +11,13 @@ names up with :func:`lookup`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _settings, tuning
+from .. import _engine, _settings, tuning
 from .._comm import Context
 from ..kernels import Reduction
 
@@ -32,20 +33,24 @@ class Algorithm:
     summary: str
     own: bool  # one of ringmpi's own (auto chooses among these), not a baseline
     plan: str | None = None  # the plan the step engine runs for it (ringmpi.plans)
+    # prepare(red, ctx) -> again(work, source): the call once more with the least
+    # Python, for calls that repeat (an algorithm outside the step engine)
+    prepare: Callable | None = None
 
 
 _REGISTRY: dict[str, Algorithm] = {}
 
 
 def register(
-    name: str, *, own: bool = True, plan: str | None = None
+    name: str, *, own: bool = True, plan: str | None = None, prepare: Callable | None = None
 ) -> Callable[[AlgorithmFn], AlgorithmFn]:
     """Class the decorated function as algorithm ``name``; ``plan``: it is the step
-    engine carrying out that plan, which the API may then repeat directly."""
+    engine carrying out that plan, which the API may then repeat directly;
+    ``prepare``: how the API prepares a repeat of it otherwise."""
 
     def deco(fn: AlgorithmFn) -> AlgorithmFn:
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _REGISTRY[name] = Algorithm(name, fn, summary, own, plan)
+        _REGISTRY[name] = Algorithm(name, fn, summary, own, plan, prepare)
         return fn
 
     return deco
@@ -86,12 +91,12 @@ _AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE
 
 
 def _auto(nbytes: int, ctx: Context, settings: tuple) -> str:
-    costs = tuning.load()
     nodes, per_node = hierarchical.node_shape(ctx, *hierarchical.node_settings())
+    costs = tuning.load(per_node)
     # Where ranks crowd the cores (8 or more per core) every node synchronisation of
     # the hierarchical algorithm polls and sleeps: the model's constants do not hold
     # there, and the algorithms that only exchange messages are kept.
-    candidates = [a for a in tuning.CANDIDATES if a != "hierarchical" or not ctx.sleepy]
+    candidates = [a for a in usable(ctx) if a != "hierarchical" or not ctx.sleepy]
     found = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, candidates)
     if len(ctx.chosen) >= _CHOICES_KEPT:
         ctx.chosen.clear()
@@ -102,9 +107,25 @@ def _auto(nbytes: int, ctx: Context, settings: tuple) -> str:
 _CHOICES_KEPT = 256
 
 
+def usable(ctx: Context) -> list[str]:
+    """ringmpi's algorithms that can run on ``ctx``'s communicator: shared_memory
+    only where every rank is on one node."""
+    one_node = ctx.node.Get_size() == ctx.size
+    return [a for a in tuning.CANDIDATES if a != "shared_memory" or one_node]
+
+
+def warm(red: Reduction | None = None) -> float:
+    """Compile (or load from Numba's cache) the compiled loops of every algorithm for
+    ``red``'s dtype, or for every dtype when None; returns the seconds it took."""
+    t0 = time.perf_counter()
+    _engine.warm(red)
+    shared.warm(_engine.lane_kinds(red))
+    return time.perf_counter() - t0
+
+
 def get(name: str) -> Algorithm:
     return _REGISTRY[lookup(name)]
 
 
 # Importing the modules registers them.
-from . import hierarchical, latency, mpi, ring  # noqa: E402, F401
+from . import hierarchical, latency, mpi, ring, shared  # noqa: E402, F401

@@ -1,0 +1,67 @@
+"""A node's shared memory: MPI shared-memory windows and flags ranks wait on.
+
+Both shared-memory algorithms (``hierarchical`` and ``shared_memory``) keep one
+window per node, made by ``MPI.Win.Allocate_shared`` and locked once for the
+whole epoch (``Lock_all(MODE_NOCHECK)``), as MPI-4.0 section 12.7 describes.
+
+Ranks hand data over through it with **flags**: int64 cells in the window that
+a rank raises (an atomic store with release ordering, after ``MPI_Win_sync``)
+and the others poll (atomic loads with acquire ordering, then
+``MPI_Win_sync``), the pattern of MPI-4.0's Example 12.21 (a flag set after
+``Win_sync`` and polled before it). The atomic accesses make the compiler
+re-read a flag on every poll and keep a rank's data stores ahead of its flag
+store, and its data loads behind its flag load; ``MPI_Win_sync`` is the memory
+barrier MPI's model asks for around them. Flags only ever grow (a rank's count
+of calls), so a rank waits for "every flag >= k", never for equality.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+from ._capi import load_acquire, sched_yield
+
+__all__ = ["await_flags", "node_window"]
+
+# Polls before a waiting rank starts yielding its core between polls: a few
+# microseconds of spinning, then the rank it waits for may be descheduled
+# (more ranks than cores), and spinning on would keep it from running.
+_SPINS = 2000
+
+
+def node_window(node: MPI.Intracomm, capacity: int) -> tuple[MPI.Win, np.ndarray]:
+    """A shared window of ``capacity`` bytes per local rank, locked for good, and all
+    of it as one flat byte array: local rank k's segment starts at ``k * capacity``.
+
+    MPI allocates the segments contiguously in local-rank order (the default
+    without ``alloc_shared_noncontig``); this is checked, not assumed.
+    """
+    win = MPI.Win.Allocate_shared(capacity, 1, comm=node)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    base, _ = win.Shared_query(0)
+    first = np.frombuffer(base, np.uint8, count=capacity)
+    for r in range(1, node.Get_size()):
+        buf, _ = win.Shared_query(r)
+        if np.frombuffer(buf, np.uint8, count=1).ctypes.data != first.ctypes.data + r * capacity:
+            win.Unlock_all()
+            win.Free()
+            raise RuntimeError("the MPI library did not lay the shared window out contiguously")
+    flat = np.lib.stride_tricks.as_strided(
+        first, shape=(node.Get_size() * capacity,), strides=(1,), writeable=True
+    )
+    return win, flat
+
+
+@numba.njit(cache=True, nogil=True)
+def await_flags(flags, size, stride, at, target, sleepy):
+    """Wait until ``flags[r * stride + at] >= target`` for every r < ``size``.
+
+    Spins, then yields the core between polls (at once when ``sleepy``)."""
+    for r in range(size):
+        spins = 0
+        while load_acquire(flags, r * stride + at) < target:
+            spins += 1
+            if sleepy or spins > _SPINS:
+                sched_yield()

@@ -1,0 +1,190 @@
+"""Shared-memory all-reduce on one node: every rank folds every contribution itself.
+
+For small buffers the fastest all-reduce between ranks that share memory sends
+no message at all. Each rank copies its contribution into its slot of a node
+window (:mod:`ringmpi._shm`), raises its flag to the number of the call, waits
+until every rank's flag has reached it, and folds the L slots in local-rank
+order into its own result: one synchronisation and one pass over L inputs
+per call, against lg L message steps for recursive doubling, and the same
+order of operations on every rank, so the results are bitwise identical.
+
+A rank may write its slot again only when every rank has finished reading it:
+the slots come in two sets used by alternate calls. A rank at call k writes
+set k mod 2 without a second wait: it saw every flag reach k - 1 at the end
+of its last call, and a rank raises its flag to k - 1 only after it has read
+call k - 2's set, the one being overwritten. Buffers larger than a set go
+through in pieces of a set each, one call number per piece.
+
+Each slot's header carries the count and the (op, dtype) code of the call:
+ranks that disagree all see it at the first piece and raise (no slot is read
+beyond the window's fixed size, whatever the counts). It needs every rank of
+the communicator on one node; ``auto`` offers it only there.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .. import _trace
+from .._capi import handle, mpi_win_sync, store_release
+from .._comm import Context
+from .._errors import RingMPIError
+from .._shm import await_flags, node_window
+from ..kernels import Reduction, combine_by_code, decode_tag, divide_by
+from . import register
+
+__all__ = ["SET_BYTES", "prepare", "warm"]
+
+# Bytes of data in each of a slot's two sets: the piece one call number carries.
+SET_BYTES = 1 << 16
+_HEADER = 64  # a cache line of int64 cells: the flag, then (count, code) per set
+# params cells (int64), then the report [failed, rank, its count, its code]
+_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _NPARAMS = range(11)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _allreduce(work, source, data, flags, params, divisor):
+    """All-reduce ``source`` into ``work`` through the window (``data`` and ``flags``
+    are two views of it); see the module docstring. ``params`` holds the _RANK ...
+    cells, then the report."""
+    rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
+    hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
+    sleepy, win = params[_SLEEPY] != 0, params[_WIN]
+    err = params[_NPARAMS:]
+    err[0] = 0
+    n = work.size
+    me = rank * fstride
+    seq = flags[me]  # this rank's flag: only this rank writes it
+    done = 0
+    while True:  # one piece at least: a rank with count 0 still meets the others
+        m = min(cap, n - done)
+        seq += 1
+        b = seq & 1
+        # Set b is free: this rank saw every flag reach seq - 1 (the last piece's wait),
+        # and a rank raises its flag to seq - 1 only after reading piece seq - 2.
+        mine = rank * dstride + hdr + b * cap
+        for i in range(m):
+            data[mine + i] = source[done + i]
+        flags[me + 1 + 2 * b] = n
+        flags[me + 2 + 2 * b] = tag
+        mpi_win_sync(win)
+        store_release(flags, me, seq)
+        await_flags(flags, size, fstride, 0, seq, sleepy)
+        mpi_win_sync(win)
+        for r in range(size):
+            their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
+            if their_n != n or their_tag != tag:
+                err[0], err[1], err[2], err[3] = 1, r, their_n, their_tag
+                return
+        out = work[done : done + m]
+        at = hdr + b * cap
+        for i in range(m):
+            out[i] = data[at + i]
+        for r in range(1, size):
+            at = r * dstride + hdr + b * cap
+            combine_by_code(out, data[at : at + m], code, False)
+        if divisor.size > 0:
+            divide_by(out, divisor)
+        done += m
+        if done >= n:
+            return
+
+
+def warm(kinds) -> None:
+    """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``."""
+    i64 = numba.typeof(np.zeros(1, np.int64))
+    for dt in kinds:
+        arr = numba.typeof(np.zeros(1, dt))
+        _allreduce.compile((arr, arr, arr, i64, i64, arr))
+
+
+class _Node:
+    """The communicator's window: per local rank a header and two sets of SET_BYTES."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.node = ctx.node
+        self.capacity = _HEADER + 2 * SET_BYTES
+        self.win, flat = node_window(ctx.node, self.capacity)
+        self.flat = flat
+        self.flags = flat.view(np.int64)
+        me = ctx.node.Get_rank() * self.capacity // 8
+        self.flags[me : me + _HEADER // 8] = 0  # MPI does not clear the memory
+        self.win.Sync()
+        ctx.barrier()
+        self.win.Sync()
+        self.handle = handle(self.win)
+        self.calls: dict[int, tuple] = {}  # red.tag -> (params, divisor, data view, lanes)
+
+    def free(self) -> None:
+        self.node.Barrier()  # nobody still reads it
+        self.flat = self.flags = None
+        self.calls.clear()
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def _node(ctx: Context) -> _Node:
+    found = ctx.extra.get("shared_memory")
+    if found is None:
+        if ctx.node.Get_size() != ctx.size:
+            raise ValueError(
+                "algorithm 'shared_memory' needs every rank of the communicator on one node "
+                f"(one shared-memory domain); rank {ctx.rank}'s node holds "
+                f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, ring or hierarchical"
+            )
+        found = ctx.extra["shared_memory"] = _Node(ctx)
+    return found
+
+
+def prepare(red: Reduction, ctx: Context):
+    """``again(work, source)``: the all-reduce of ``red`` on ``ctx`` (any count)."""
+    node = _node(ctx)
+    found = node.calls.get(red.tag)
+    if found is None:
+        lanes = red.lanes(np.zeros(0, red.dtype)).dtype
+        isz = lanes.itemsize
+        params = np.zeros(_NPARAMS + 4, np.int64)
+        params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
+                             _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
+                             int(ctx.sleepy), node.handle)  # fmt: skip
+        split = lanes != red.dtype
+        found = node.calls[red.tag] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
+    params, divisor, data, split = found
+    flags, lanes, report = node.flags, red.lanes, params[_NPARAMS:]
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        if split:
+            _allreduce(lanes(work), lanes(source), data, flags, params, divisor)
+        else:
+            _allreduce(work, source, data, flags, params, divisor)
+        if report.item(0):
+            _raise(report, work, red, ctx)
+
+    return again
+
+
+def _raise(report: np.ndarray, work: np.ndarray, red: Reduction, ctx: Context) -> None:
+    r, their_n, their_tag = (int(x) for x in report[1:])
+    per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element
+    said = []
+    if their_n != work.size * per:
+        said.append(f"count: {their_n // per} there, {work.size} here")
+    (their_op, their_dt), (my_op, my_dt) = decode_tag(their_tag), decode_tag(red.tag)
+    if their_op != my_op:
+        said.append(f"op: {their_op} there, {my_op} here")
+    if their_dt != my_dt:
+        said.append(f"dtype: {their_dt} there, {my_dt} here")
+    raise RingMPIError(
+        f"rank {ctx.rank}: shared_memory: rank {r}'s slot: ranks disagree on " + "; ".join(said)
+    )
+
+
+@register("shared_memory", prepare=prepare)
+def shared_memory_allreduce(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
+    """Shared memory on one node: every rank folds all contributions from the node's window."""
+    prepare(red, ctx)(work, work if source is None else source)
+    if _trace._active:
+        _trace.record_shared(written=work.nbytes, read=(ctx.size - 1) * work.nbytes)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,14 +38,8 @@ def Allreduce(
     on every rank when they do not.
     """
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate)
-    last = _repeats.get(key)
-    if (
-        last is not None
-        and recvbuf is last.recv()
-        and op is last.op
-        and comm is last.comm
-        and _repeat(last, sendbuf, recvbuf)
-    ):
+    again = _repeats.get(key)
+    if again is not None and again(sendbuf, recvbuf, op, comm):
         return
     given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
@@ -227,56 +220,64 @@ _SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
 _settings_now = _settings.snapshotter(_SETTINGS)
 
 
-@dataclass(eq=False)
-class _Last:
-    send: Any  # a weak reference to sendbuf, or None for MPI.IN_PLACE
-    recv: Any  # a weak reference to recvbuf
-    op: Any
-    comm: Any
-    send_shape: tuple
-    shape: tuple
-    dtype: np.dtype
-    settings: tuple
-    ctx: Context
-    run: Any  # run(work, source): the call once more, on 1-D views
-    flat: bool  # both arrays are 1-D already
-
-
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the algorithm and validate
-# arguments; an entry holds the objects themselves (the arrays weakly) to confirm them.
-_repeats: dict[tuple, _Last] = {}
+# arguments; an entry is the function that repeats the call (see _repeater), which
+# holds the objects themselves (the arrays weakly) to confirm them.
+_repeats: dict[tuple, Any] = {}
 _seen: set[tuple] = set()  # keys met once
 _KEPT = 32
 
 
-def _repeat(last: _Last, sendbuf: Any, recvbuf: Any) -> bool:
-    """Run the remembered call on these (the same) arrays if nothing has changed."""
-    if sendbuf is MPI.IN_PLACE:
-        if last.send is not None:
+def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
+    """``again(sendbuf, recvbuf, op, comm)``: runs the remembered call on these (the
+    same) objects and returns True if nothing has changed, else returns False.
+
+    Everything it checks is a local of this closure (cheaper than attributes):
+    the objects, shapes and dtype, the flags, an open trace, a freed
+    communicator and every RINGMPI_* setting.
+    """
+    in_place = sendbuf is MPI.IN_PLACE
+    send_ref = None if in_place else weakref.ref(sendbuf)
+    recv_ref = weakref.ref(recvbuf)
+    send_shape, shape, dtype = () if send is None else send.shape, recv.shape, recv.dtype
+    settings, active, now = _settings_now(), _trace._active, _settings_now
+    flat = recvbuf.ndim == 1 and (in_place or sendbuf.ndim == 1)
+    del sendbuf, recvbuf, send, recv  # held weakly only
+
+    def again(sendbuf, recvbuf, op_, comm_) -> bool:
+        if recv_ref() is not recvbuf or op_ is not op or comm_ is not comm:
             return False
-        source = recvbuf
-    elif last.send is None or sendbuf is not last.send() or sendbuf.shape != last.send_shape:
-        return False
-    else:
-        if sendbuf.dtype is not last.dtype or not sendbuf.flags.c_contiguous:
+        if in_place:
+            if sendbuf is not MPI.IN_PLACE:
+                return False
+            source = recvbuf
+        elif (
+            send_ref() is not sendbuf
+            or sendbuf.shape != send_shape
+            or sendbuf.dtype is not dtype
+            or not sendbuf.flags.c_contiguous
+        ):
             return False
-        source = sendbuf
-    flags = recvbuf.flags
-    if (
-        recvbuf.shape != last.shape
-        or recvbuf.dtype is not last.dtype
-        or not (flags.c_contiguous and flags.writeable)
-        or _trace._active
-        or not last.ctx.alive
-        or _settings_now() != last.settings
-    ):
-        return False
-    if last.flat:
-        last.run(recvbuf, source)
-    else:  # views of the same memory, one dimension (in place: the very same view)
-        work = recvbuf.reshape(-1)
-        last.run(work, work if source is recvbuf else source.reshape(-1))
-    return True
+        else:
+            source = sendbuf
+        flags = recvbuf.flags
+        if (
+            recvbuf.shape != shape
+            or recvbuf.dtype is not dtype
+            or not (flags.c_contiguous and flags.writeable)
+            or active
+            or not ctx.alive
+            or now() != settings
+        ):
+            return False
+        if flat:
+            run(recvbuf, source)
+        else:  # views of the same memory, one dimension (in place: the very same view)
+            work = recvbuf.reshape(-1)
+            run(work, work if source is recvbuf else source.reshape(-1))
+        return True
+
+    return again
 
 
 def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo) -> None:
@@ -311,19 +312,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         def run(work: np.ndarray, source: np.ndarray) -> None:
             fn(work, red, ctx, None if source is work else source)
 
-    _repeats[key] = _Last(
-        send=None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-        recv=weakref.ref(recvbuf),
-        op=op,
-        comm=comm,
-        send_shape=() if send is None else send.shape,
-        shape=recv.shape,
-        dtype=recv.dtype,
-        settings=_settings_now(),
-        ctx=ctx,
-        run=run,
-        flat=recvbuf.ndim == 1 and (sendbuf is MPI.IN_PLACE or sendbuf.ndim == 1),
-    )
+    _repeats[key] = _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx, run)
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str) -> None:

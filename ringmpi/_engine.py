@@ -388,7 +388,8 @@ def run(
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
     """A function ``again(work, source)`` that carries out ``plan`` once more, on
     buffers of the same size and dtype, with the least Python (the API's path for
-    a call that repeats the last one; no trace). None when the plan is empty."""
+    a call that repeats the last one, on the same arrays; no trace). None when the
+    plan is empty."""
     if not len(plan.table):
         return None
     engine = _engine_of(ctx)
@@ -397,10 +398,15 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
         plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
     )  # fmt: skip
     lanes, split = red.lanes, shape.split
+    entry = None  # the compiled loop's entry point for these arrays' types
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
+        nonlocal entry
         into, src = (lanes(work), lanes(source)) if split else (work, source)
-        _execute(into, src, table, scratch, divisor, state, engine.requests, engine.status)
+        args = (into, src, table, scratch, divisor, state, engine.requests, engine.status)
+        if entry is None:  # past Numba's dispatcher from now on: the types stay
+            entry = _execute.compile(tuple(numba.typeof(a) for a in args))
+        entry(*args)
         if report.item(-4) != _OK:
             _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, "", range(ctx.size))
 

@@ -137,8 +137,8 @@ def _node(ctx: Context) -> _Node:
     return found
 
 
-def prepare(red: Reduction, ctx: Context):
-    """``again(work, source)``: the all-reduce of ``red`` on ``ctx`` (any count)."""
+def _state(red: Reduction, ctx: Context) -> tuple:
+    """(params, divisor, window as the lanes' dtype, split) of ``red`` on ``ctx``."""
     node = _node(ctx)
     found = node.calls.get(red.tag)
     if found is None:
@@ -150,26 +150,46 @@ def prepare(red: Reduction, ctx: Context):
                              int(ctx.sleepy), node.handle)  # fmt: skip
         split = lanes != red.dtype
         found = node.calls[red.tag] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
-    params, divisor, data, split = found
-    flags, lanes, report = node.flags, red.lanes, params[_NPARAMS:]
+    return found
+
+
+def _run(fn, work, source, red: Reduction, ctx: Context) -> None:
+    params, divisor, data, split = _state(red, ctx)
+    if split:
+        work, source = red.lanes(work), red.lanes(source)
+    fn(work, source, data, ctx.extra["shared_memory"].flags, params, divisor)
+    if params.item(_NPARAMS):
+        _raise(params[_NPARAMS:], work, red, ctx)
+
+
+def prepare(red: Reduction, ctx: Context):
+    """``again(work, source)``: the all-reduce of ``red`` on ``ctx`` once more, for a
+    call that repeats (the same arrays each time): it calls the compiled loop's
+    entry point for their types, bound at the first call, past Numba's dispatcher."""
+    params, divisor, data, split = _state(red, ctx)
+    flags, lanes, report = ctx.extra["shared_memory"].flags, red.lanes, params[_NPARAMS:]
+    entry = None
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
+        nonlocal entry
         if split:
-            _allreduce(lanes(work), lanes(source), data, flags, params, divisor)
-        else:
-            _allreduce(work, source, data, flags, params, divisor)
+            work, source = lanes(work), lanes(source)
+        if entry is None:
+            args = (work, source, data, flags, params, divisor)
+            entry = _allreduce.compile(tuple(numba.typeof(a) for a in args))
+        entry(work, source, data, flags, params, divisor)
         if report.item(0):
             _raise(report, work, red, ctx)
 
     return again
 
 
-def _raise(report: np.ndarray, work: np.ndarray, red: Reduction, ctx: Context) -> None:
+def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context) -> None:
     r, their_n, their_tag = (int(x) for x in report[1:])
     per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element
     said = []
-    if their_n != work.size * per:
-        said.append(f"count: {their_n // per} there, {work.size} here")
+    if their_n != lanes.size:
+        said.append(f"count: {their_n // per} there, {lanes.size // per} here")
     (their_op, their_dt), (my_op, my_dt) = decode_tag(their_tag), decode_tag(red.tag)
     if their_op != my_op:
         said.append(f"op: {their_op} there, {my_op} here")
@@ -185,6 +205,6 @@ def shared_memory_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:
     """Shared memory on one node: every rank folds all contributions from the node's window."""
-    prepare(red, ctx)(work, work if source is None else source)
+    _run(_allreduce, work, work if source is None else source, red, ctx)
     if _trace._active:
         _trace.record_shared(written=work.nbytes, read=(ctx.size - 1) * work.nbytes)

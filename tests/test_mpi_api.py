@@ -519,6 +519,19 @@ def test_trace_latency_matches_closed_form(comms, name, count, algorithm):
     agree(WORLD, problems)
 
 
+@pytest.mark.parametrize("count", [0, 1, 1009, 70_000])
+def test_trace_shared_memory_counts_window_bytes(count):
+    """No message; this rank's contribution written once, the others' read once."""
+    buf = inputs(count)
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm="shared_memory")
+    got = (len(t.events), t.shared_written, t.shared_read)
+    want = (0, 8 * count, 8 * count * (SIZE - 1))
+    problems = [] if got == want else [f"(events, written, read) {got}, expected {want}"]
+    problems += mismatch("result", buf, expected(count))
+    agree(WORLD, problems)
+
+
 def test_trace_records_nothing_for_the_mpi_baseline():
     with ringmpi.trace() as t:
         out = ringmpi.allreduce(inputs(1009), algorithm="mpi")
@@ -711,12 +724,15 @@ UNVALIDATED = {
 @pytest.mark.parametrize("policy", ["spin", "sleep"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
 @pytest.mark.parametrize("what", UNVALIDATED.keys())
-@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "rabenseifner"])
+@pytest.mark.parametrize(
+    "algorithm", ["ring", "recursive_doubling", "rabenseifner", "shared_memory"]
+)
 def test_detects_disagreement_without_validation(waiting, what, in_place, policy, algorithm):
     # The latency algorithms' fold makes a folded rank send and then wait for a
     # partner that may have raised: only where no rank folds (N a power of two)
     # does every rank notice at its first step (a timeout is what ends the rest).
-    if algorithm != "ring" and SIZE & (SIZE - 1):
+    # shared_memory: every rank reads every slot's header, so all notice.
+    if algorithm in ("recursive_doubling", "rabenseifner") and SIZE & (SIZE - 1):
         pytest.skip("the latency algorithms fold ranks at this N")
     comm = waiting[policy]
     count, op, words = UNVALIDATED[what]
@@ -853,7 +869,8 @@ def test_one_rank_returns_the_input(comms, op, dtype, algorithm):
 
 # --- calls that repeat: the remembered path must see every change ---------------------
 
-REPEATED = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "mpi", "auto"]
+REPEATED = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "shared_memory", "mpi",
+            "auto"]  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", [(1009,), (7, 13)], ids=["1-D", "2-D"])

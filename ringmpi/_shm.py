@@ -21,9 +21,9 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from ._capi import load_acquire, sched_yield
+from ._capi import load_acquire, mpi_win_sync, sched_yield, store_release
 
-__all__ = ["await_flags", "node_window"]
+__all__ = ["await_flags", "flag_barrier", "node_window"]
 
 # Polls before a waiting rank starts yielding its core between polls: a few
 # microseconds of spinning, then the rank it waits for may be descheduled
@@ -65,3 +65,16 @@ def await_flags(flags, size, stride, at, target, sleepy):
             spins += 1
             if sleepy or spins > _SPINS:
                 sched_yield()
+
+
+@numba.njit(cache=True, nogil=True)
+def flag_barrier(flags, size, stride, me, win, sleepy):
+    """A barrier of the node's ranks through their flags (``flags[r * stride]``),
+    ordering every rank's stores to window ``win`` before every rank's later
+    loads: raise this rank's flag (MPI_Win_sync, then a release store), wait
+    for every flag to reach it (acquire loads), MPI_Win_sync."""
+    k = flags[me * stride] + 1
+    mpi_win_sync(win)
+    store_release(flags, me * stride, k)
+    await_flags(flags, size, stride, 0, k, sleepy)
+    mpi_win_sync(win)

@@ -37,7 +37,10 @@ Synchronisation follows MPI's shared-memory model (MPI-4.0 section 12.7): the
 window is locked once for the whole epoch with ``Lock_all(MODE_NOCHECK)``, and
 between steps every rank runs ``Win_sync`` (its stores become visible and it
 sees the others'), a barrier of the node (every rank has finished the step),
-and ``Win_sync`` again. That orders each step's loads after the previous
+and ``Win_sync`` again. The barrier is the ranks' flags in a second small
+window (:func:`ringmpi._shm.flag_barrier`: a release store of this rank's
+count of barriers, acquire loads of everyone's), one compiled call, not an
+MPI_Barrier through mpi4py. That orders each step's loads after the previous
 steps' stores on every rank, which is all the algorithm needs: a slot is read
 only in a later step than the one that wrote it, and written again only in a
 later step than the one that last read it. A call that lays the slots out
@@ -59,8 +62,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _trace
-from .._comm import Context, sleepy_barrier
+from .._capi import handle
+from .._comm import Context
 from .._settings import choice, positive_int
+from .._shm import flag_barrier, node_window
 from ..kernels import Reduction, copy, reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
 from . import register
@@ -158,6 +163,10 @@ _RETRY = 256
 _TIMED_FROM = 1 << 20
 
 
+_FLAG_BYTES = 64
+_FLAG_CELLS = _FLAG_BYTES // 8
+
+
 class _Window:
     """A node's shared-memory window: one segment of ``capacity`` bytes per local rank.
 
@@ -173,36 +182,29 @@ class _Window:
         self.shape: tuple[int, int] | None = None  # (slot bytes, sets) of the last call
         self.node = node
         self.sleepy = sleepy
-        size = node.Get_size()
-        self.win = MPI.Win.Allocate_shared(capacity, 1, comm=node)
-        self.win.Lock_all(MPI.MODE_NOCHECK)
-        base, _ = self.win.Shared_query(0)
-        first = np.frombuffer(base, np.uint8, count=capacity)
-        for r in range(1, size):
-            buf, _ = self.win.Shared_query(r)
-            if (
-                np.frombuffer(buf, np.uint8, count=1).ctypes.data
-                != first.ctypes.data + r * capacity
-            ):
-                raise RuntimeError("the MPI library did not lay the shared window out contiguously")
-        self.flat = np.lib.stride_tricks.as_strided(
-            first, shape=(size * capacity,), strides=(1,), writeable=True
-        )
+        self.win, self.flat = node_window(node, capacity)
+        # The ranks' flags for the barrier between passes, a cache line each.
+        self.flag_win, flat = node_window(node, _FLAG_BYTES)
+        self.flags = flat.view(np.int64)
+        self.rank, self.size = node.Get_rank(), node.Get_size()
+        self.flags[self.rank * _FLAG_CELLS] = 0  # MPI does not clear the memory
+        self.flag_win.Sync()
+        node.Barrier()
+        self.flag_win.Sync()
+        self.handle = handle(self.win)
 
     def sync(self) -> None:
-        """Order this pass's stores before the next pass's loads, on every local rank."""
-        self.win.Sync()
-        if self.sleepy:
-            sleepy_barrier(self.node)
-        else:
-            self.node.Barrier()
-        self.win.Sync()
+        """Order this pass's stores before the next pass's loads, on every local rank:
+        a barrier through the ranks' flags, compiled, with MPI_Win_sync on this
+        window on both sides (:func:`ringmpi._shm.flag_barrier`)."""
+        flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle, self.sleepy)
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
-        self.flat = None
-        self.win.Unlock_all()
-        self.win.Free()
+        self.flat = self.flags = None
+        for win in (self.win, self.flag_win):
+            win.Unlock_all()
+            win.Free()
 
 
 def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:

@@ -231,6 +231,55 @@ def _combine_by_code(acc, inp, code, reverse):
     return impl
 
 
+def fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
+    """The shared-memory reduce of :func:`_fold` (``out = copy = src (op) slot k`` for
+    every rank k != skip, in rank order) for op number ``code``; only in compiled
+    code."""
+    raise NotImplementedError("fold_by_code runs in Numba-compiled code only")
+
+
+@overload(fold_by_code, jit_options={"error_model": "numpy"})
+def _fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
+    dt = out.dtype
+    boolean = isinstance(dt, types.Boolean)
+    integer = isinstance(dt, types.Integer)
+    ordered = integer or isinstance(dt, types.Float)
+
+    def impl(out, copy, src, window, stride, offset, skip, ranks, code):
+        if code == OP_SUM:
+            if not boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _add)
+        elif code == OP_PROD:
+            if not boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _mul)
+        elif code == OP_MAX:
+            if ordered:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _greater)
+        elif code == OP_MIN:
+            if ordered:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _lesser)
+        elif code == OP_LAND:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _and)
+        elif code == OP_LOR:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _or)
+        elif code == OP_LXOR:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _xor)
+        elif code == OP_BAND:
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitand)
+        elif code == OP_BOR:
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitor)
+        elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
+
+    return impl
+
+
 def divide_by(acc, divisor):
     """``acc /= divisor[0]`` for floating types (AVG's one division); only in compiled code."""
     raise NotImplementedError("divide_by runs in Numba-compiled code only")

@@ -120,6 +120,7 @@ def warm(red: Reduction | None = None) -> float:
     t0 = time.perf_counter()
     _engine.warm(red)
     shared.warm(_engine.lane_kinds(red))
+    hierarchical.warm(_engine.lane_kinds(red))
     return time.perf_counter() - t0
 
 

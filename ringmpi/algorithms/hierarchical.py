@@ -58,6 +58,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from mpi4py import MPI
 
@@ -66,7 +67,15 @@ from .._capi import handle
 from .._comm import Context
 from .._settings import choice, positive_int
 from .._shm import flag_barrier, node_window
-from ..kernels import Reduction, copy, reduction
+from ..kernels import (
+    Reduction,
+    _copy_bytes,
+    _stream_bytes,
+    copy,
+    divide_by,
+    fold_by_code,
+    reduction,
+)
 from ..schedule import chunk_bounds, owned_slices, virtual_node
 from . import register
 from .ring import run_ring
@@ -192,6 +201,7 @@ class _Window:
         node.Barrier()
         self.flag_win.Sync()
         self.handle = handle(self.win)
+        self.calls: dict[tuple, tuple] = {}  # one-node call shapes (_run_one_node)
 
     def sync(self) -> None:
         """Order this pass's stores before the next pass's loads, on every local rank:
@@ -218,6 +228,83 @@ def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
         win = _Window(lay.node, ctx.sleepy, max(64, -(-nbytes // 64) * 64))
         ctx.extra[key] = win
     return win
+
+
+# The one-node call's fixed numbers (see _one_node), in one int64 array.
+_RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN, _SLEEPY, _ISZ = (
+    range(13)
+)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _cut(bounds, j, p, per, sets, slices):
+    """Offset of slot (p % sets, j) in a segment; first and end element of its piece."""
+    b, end = bounds[j], bounds[j + 1]
+    return ((p % sets) * slices + j) * per, min(b + p * per, end), min(b + (p + 1) * per, end)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _put(dst8, at, src8, frm, nbytes, streaming):
+    """Copy ``nbytes`` from byte ``frm`` of ``src8`` to byte ``at`` of ``dst8``."""
+    if streaming:
+        _stream_bytes(dst8[at : at + nbytes], src8[frm : frm + nbytes])
+    else:
+        _copy_bytes(dst8[at : at + nbytes], src8[frm : frm + nbytes])
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags, bounds, owned,
+              theirs, divisor, params):  # fmt: skip
+    """A one-node call, every pass of every piece, compiled: the same steps as the
+    multi-node path's :class:`_Pieces` (see hierarchical_allreduce), with the
+    node's flag barrier between steps. Arrays are the lanes (``work``, ``src``,
+    ``window``, ``scratch``) and their bytes (``...8``); elements are lanes."""
+    rank, nl, stride, slices = params[_RANK], params[_L], params[_STRIDE], params[_S]
+    per, sets, pieces, code = params[_PER], params[_SETS], params[_PIECES], params[_CODE]
+    streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
+    win, sleepy, isz = params[_WIN], params[_SLEEPY] != 0, params[_ISZ]
+    me = rank * stride
+    for t in range(pieces + 2):
+        if t < pieces:  # publish piece t: this rank's part of the slices others own
+            for jj in range(theirs.size):
+                off, lo, hi = _cut(bounds, theirs[jj], t, per, sets, slices)
+                _put(window8, (me + off) * isz, src8, lo * isz, (hi - lo) * isz, streaming)
+        if 0 < t <= pieces:  # fold piece t - 1 of the owned slices
+            for jj in range(owned.size):
+                off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
+                n = hi - lo
+                mine = window[me + off : me + off + n]
+                # this rank's own contribution first, then the others' in local-rank
+                # order, in one pass per other rank; the cached way writes the slot
+                # in the last pass, the streaming way folds into the cache-sized
+                # scratch and streams it to the slot and to work
+                out = scratch[:n] if streaming else work[lo:hi]
+                fold_by_code(out, out[:0] if streaming else mine, src[lo:hi], window, stride,
+                             off, rank, nl, code)  # fmt: skip
+                if divisor.size > 0:
+                    divide_by(out, divisor)
+                    if not streaming:
+                        divide_by(mine, divisor)
+                if streaming:
+                    _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
+                    _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
+        if t >= 2:  # copy out piece t - 2 of the slices the others finished
+            for jj in range(theirs.size):
+                j = theirs[jj]
+                off, lo, hi = _cut(bounds, j, t - 2, per, sets, slices)
+                at = (j % nl) * stride + off
+                _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
+        if t <= pieces:
+            flag_barrier(flags, nl, _FLAG_CELLS, rank, win, sleepy)
+
+
+def warm(kinds) -> None:
+    """Compile (or load from Numba's cache) the one-node loop for each lanes dtype."""
+    i64 = numba.typeof(np.zeros(1, np.int64))
+    u8 = numba.typeof(np.zeros(1, np.uint8))
+    for dt in kinds:
+        arr = numba.typeof(np.zeros(1, dt))
+        _one_node.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
 
 
 @register("hierarchical")
@@ -248,53 +335,84 @@ def hierarchical_allreduce(
         if win.shape is not None:
             win.sync()
         win.shape = shape
-    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", ctx)
     started = MPI.Wtime()
+    if lay.nodes == 1:
+        _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
+        if timing is not None:
+            timing.append(lay.node.allreduce(MPI.Wtime() - started, op=MPI.MAX))
+        if _trace._active:
+            owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
+            loaded = owned * (lay.local_size - 1) + work.size - owned
+            _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
+        return
+    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", ctx)
     # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
     # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
     # out piece t - 2, with one node synchronisation per step. Every pass is thus
     # separated by one from the pass before it on the same piece, and from the
     # passes of piece p - 2 that used the same slots.
-    if lay.nodes == 1:
-        for t in range(pieces + 2):
-            if t < pieces:
-                go.publish(t)
-            if 0 < t <= pieces:
-                go.fold(t - 1, finished=True)
-            if t >= 2:
-                go.copy_out(t - 2)
-            if t <= pieces:
-                win.sync()
-    else:
-        # Across nodes: publish and fold the whole buffer into `work`, ring the
-        # owned slices along their rails, then publish the results and copy out.
-        for t in range(pieces + 1):
-            if t < pieces:
-                go.publish(t)
-            if t > 0:
-                go.fold(t - 1, finished=False)
-            if t < pieces:
-                win.sync()
-        # AVG sums across nodes and divides once, by the slice's owner.
-        across = reduction(MPI.SUM, dt) if red.name == "avg" else red
-        for j in lay.owned:
-            acc = work[bounds[j] : bounds[j + 1]]
-            run_ring(
-                acc, across, lay.rails[j], algorithm="hierarchical",
-                phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
-            )  # fmt: skip
-            red.finish(acc, ctx.size)
-        for t in range(pieces + 1):
-            if t < pieces:
-                go.store(t)
-            if t > 0:
-                go.copy_out(t - 1)
-            if t < pieces:
-                win.sync()
+    # Across nodes: publish and fold the whole buffer into `work`, ring the owned
+    # slices along their rails, then publish the results and copy out.
+    for t in range(pieces + 1):
+        if t < pieces:
+            go.publish(t)
+        if t > 0:
+            go.fold(t - 1, finished=False)
+        if t < pieces:
+            win.sync()
+    # AVG sums across nodes and divides once, by the slice's owner.
+    across = reduction(MPI.SUM, dt) if red.name == "avg" else red
+    for j in lay.owned:
+        acc = work[bounds[j] : bounds[j + 1]]
+        run_ring(
+            acc, across, lay.rails[j], algorithm="hierarchical",
+            phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
+        )  # fmt: skip
+        red.finish(acc, ctx.size)
+    for t in range(pieces + 1):
+        if t < pieces:
+            go.store(t)
+        if t > 0:
+            go.copy_out(t - 1)
+        if t < pieces:
+            win.sync()
     if timing is not None:
         timing.append(lay.node.allreduce(MPI.Wtime() - started, op=MPI.MAX))
     if _trace._active:
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
+
+
+def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way) -> None:
+    """The one-node call through :func:`_one_node` (one compiled call)."""
+    streaming = way == "streaming"
+    lanes = red.lanes
+    into, frm = lanes(work), lanes(src)
+    w = into.size // work.size if work.size else 1  # lanes per element
+    key = ("one-node", work.size, red.tag, per, sets, streaming)
+    found = win.calls.get(key)
+    if found is None:
+        ld = into.dtype
+        params = np.zeros(13, np.int64)
+        params[:] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize, lay.slices,
+                     per * w, sets, pieces, red.code, int(streaming),
+                     int(streaming and work.nbytes >= _TIMED_FROM), win.handle,
+                     int(win.sleepy), ld.itemsize)  # fmt: skip
+        theirs = [j for j in range(lay.slices) if j not in lay.owned]
+        scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
+        found = (
+            params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
+            np.asarray(theirs, np.int64), red.divisor(ctx.size), win.flat.view(ld), scratch,
+        )  # fmt: skip
+        if len(win.calls) >= _CALLS_KEPT:
+            win.calls.clear()
+        win.calls[key] = found
+    params, lanes_bounds, owned, theirs, divisor, window, scratch = found
+    _one_node(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
+              scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
+              params)  # fmt: skip
+
+
+_CALLS_KEPT = 64
 
 
 def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):

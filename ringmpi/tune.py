@@ -74,12 +74,18 @@ def measure(comm: MPI.Intracomm, sizes: list[int], iters: int, budget: float) ->
     return out
 
 
-def _solve(rows: list[tuple[dict[str, float], float]], names: tuple[str, ...]) -> dict[str, float]:
-    """Least squares on relative error, every constant >= 0 (a negative one is dropped)."""
+def _solve(rows: list[tuple[dict[str, float], float, float]], names: tuple[str, ...]):
+    """Least squares on relative error, every constant >= 0 (a negative one is dropped).
+
+    A row is (terms, measured seconds, seconds already accounted for by constants
+    fitted before): the constants ``names`` are to explain the rest, each row's
+    error relative to its whole measured time (so a small size whose time the
+    known part nearly covers weighs no more than any other).
+    """
     active = list(names)
     while True:
-        a = np.array([[t.get(k, 0.0) / y for k in active] for t, y in rows])
-        b = np.ones(len(rows))
+        a = np.array([[t.get(k, 0.0) / y for k in active] for t, y, _ in rows])
+        b = np.array([1.0 - known / y for _, y, known in rows])
         x, *_ = np.linalg.lstsq(a, b, rcond=None)
         if (x >= 0).all() or len(active) == 1:
             found = dict(zip(active, np.maximum(x, 0.0), strict=True))
@@ -89,24 +95,24 @@ def _solve(rows: list[tuple[dict[str, float], float]], names: tuple[str, ...]) -
 
 def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs:
     """The constants that best predict ``measured`` (see the module docstring)."""
-    engine = [(tuning.terms(m["algorithm"], m["bytes"], p), m["seconds"])
+    engine = [(tuning.terms(m["algorithm"], m["bytes"], p), m["seconds"], 0.0)
               for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
     first = _solve(engine, _ENGINE_TERMS)
     partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})
+    # hierarchical: the node phase over what its rings across nodes cost
     node_rows = []
     for m in measured:
         if m["algorithm"] == "hierarchical":
             t = tuning.terms("hierarchical", m["bytes"], p, nodes, per_node)
             across = tuning.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
-            node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"] - across))
-    second = _solve([(t, max(y, 1e-9)) for t, y in node_rows], _NODE_TERMS) if node_rows else {}
+            node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"], across))
+    second = _solve(node_rows, _NODE_TERMS) if node_rows else {}
     # shared_memory: its own constants over the per-call cost fitted above
     shm_rows = []
     for m in measured:
         if m["algorithm"] == "shared_memory":
             t = tuning.terms("shared_memory", m["bytes"], p)
-            rest = m["seconds"] - first["call"]
-            shm_rows.append(({k: t[k] for k in _SHM_TERMS}, max(rest, 1e-9)))
+            shm_rows.append(({k: t[k] for k in _SHM_TERMS}, m["seconds"], first["call"]))
     third = _solve(shm_rows, _SHM_TERMS) if shm_rows else {}
     shm = {k: third.get(k, getattr(tuning.DEFAULTS, k)) for k in _SHM_TERMS}
     return tuning.Costs(**first, **{k: second.get(k, 0.0) for k in _NODE_TERMS}, **shm)

@@ -85,6 +85,21 @@ def test_fit_recovers_the_constants_that_made_the_data(p, nodes, per_node):
         assert getattr(got, f.name) == pytest.approx(getattr(known, f.name), rel=1e-6), f.name
 
 
+def test_fit_of_shared_memory_survives_small_sizes_below_the_call_cost():
+    """Measured 8 B faster than the per-call cost fitted from the other algorithms
+    (noise) must not zero the shared-memory constants: the fit weighs each size by
+    its whole time, not by what is left over."""
+    known = dataclasses.replace(D, shm_wait=5e-8, shm_byte=2e-10)
+    data = _measured(known, 2, 1, 2)
+    for m in data:
+        if m["algorithm"] == "shared_memory" and m["bytes"] <= 512:
+            m["seconds"] = 0.8 * known.call
+    got = fit(data, 2, 1, 2)
+    assert got.shm_byte == pytest.approx(known.shm_byte, rel=0.2)
+    big = tuning.predict(got, "shared_memory", 64 << 20, 2, 1, 2)
+    assert big == pytest.approx(tuning.predict(known, "shared_memory", 64 << 20, 2, 1, 2), rel=0.2)
+
+
 def test_fit_keeps_constants_non_negative():
     data = _measured(D, 2, 1, 2)
     for m in data:  # the per-call cost hidden by a machine that got faster at 8 B

@@ -17,10 +17,14 @@ def _drive(times, calls: int) -> str:
     return "".join(ways)
 
 
-def test_trials_alternate_then_the_faster_way_stays():
+# The trials: a block of _TRIALS + 1 calls of each way, cached first.
+BLOCKS = "c" * (_TRIALS + 1) + "s" * (_TRIALS + 1)
+
+
+def test_trials_run_in_blocks_then_the_faster_way_stays():
     ways = _drive(lambda way, call: 1.0 if way == "streaming" else 3.0, 20)
     trials = 2 * (_TRIALS + 1)
-    assert ways[:trials] == "cs" * (_TRIALS + 1)
+    assert ways[:trials] == BLOCKS
     assert ways[trials:] == "s" * (20 - trials)
 
 
@@ -40,7 +44,7 @@ def test_the_trials_run_again_after_many_calls():
     # A steady machine: the trials repeat every _RETRY calls of the chosen way.
     trials = 2 * (_TRIALS + 1)
     ways = _drive(lambda way, call: 1.0 if way == "streaming" else 3.0, 2 * (trials + _RETRY))
-    one = "cs" * (_TRIALS + 1) + "s" * _RETRY
+    one = BLOCKS + "s" * _RETRY
     assert ways == one + one
 
 
@@ -59,7 +63,7 @@ def test_a_way_that_slows_down_is_timed_again(slower):
     if slower > 1.5:
         again = 12 + _TRIALS // 2 + 1  # the median of the last calls is a slow one
         assert ways[12:again] == "c" * (again - 12)
-        assert ways[again : again + trials] == "cs" * (_TRIALS + 1)
+        assert ways[again : again + trials] == BLOCKS
         assert ways[again + trials :] == "s" * (40 - again - trials)
     else:
         assert ways[12:] == "c" * 28

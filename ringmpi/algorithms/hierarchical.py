@@ -426,7 +426,7 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
     is slower than reading memory, and "streaming" stores (non-temporal: past
     the caches, straight to memory) win instead; docs/performance.md has both.
     So with RINGMPI_WINDOW_STORES=auto the first calls of each size class (bytes
-    rounded to a power of two) from 1 MiB on time both ways, alternating, and
+    rounded to a power of two) from 1 MiB on time both ways, a block of calls each, and
     the node keeps the faster, and times it on, to choose again if it slows down
     and every _RETRY calls (:class:`_Choice`): every local rank uses the node's
     slowest time of each call, so all choose alike.
@@ -463,9 +463,13 @@ class _Choice:
 
     def next(self) -> tuple[str, list[float]]:
         if self.chosen is None:
-            way = min(self.times, key=lambda w: len(self.times[w]))
-            if len(self.times[way]) <= _TRIALS:
-                return way, self.times[way]
+            # Each way's trials in one block (its first call, after the other way's,
+            # not counted): alternating call by call would time each way on the
+            # caches the other left, and a streaming call leaves the buffers in
+            # memory, which makes the cached way look slow.
+            for way, times in self.times.items():
+                if len(times) <= _TRIALS:
+                    return way, times
             best = {w: min(t[1:]) for w, t in self.times.items()}
             self.chosen = min(best, key=best.__getitem__)
             typical = float(np.median(self.times[self.chosen][1:]))

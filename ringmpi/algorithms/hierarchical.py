@@ -97,6 +97,11 @@ class Layout:
     rail_members: dict[int, list[int]]  # slice -> comm ranks of that rail, in ring order
     owns_node: bool  # an emulated node's communicator, not the context's real node
 
+    @property
+    def theirs(self) -> list[int]:
+        """The slices other local ranks own."""
+        return [j for j in range(self.slices) if j not in self.owned]
+
     def free(self) -> None:
         for rail in self.rails.values():
             rail.free()
@@ -345,7 +350,7 @@ def hierarchical_allreduce(
             loaded = owned * (lay.local_size - 1) + work.size - owned
             _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
         return
-    go = _Pieces(work, src, red, ctx.size, lay, win, bounds, per, sets, way == "streaming", ctx)
+    go = _Pieces(work, src, red, lay, win, bounds, per, sets, way == "streaming")
     # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
     # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
     # out piece t - 2, with one node synchronisation per step. Every pass is thus
@@ -357,7 +362,7 @@ def hierarchical_allreduce(
         if t < pieces:
             go.publish(t)
         if t > 0:
-            go.fold(t - 1, finished=False)
+            go.fold(t - 1)
         if t < pieces:
             win.sync()
     # AVG sums across nodes and divides once, by the slice's owner.
@@ -382,6 +387,13 @@ def hierarchical_allreduce(
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
 
 
+def _streams_out(streaming: bool, nbytes: int) -> bool:
+    """Whether copies into the user's buffer stream past the caches: with the
+    streaming way from _TIMED_FROM on; with the cached way (ranks that share a
+    cache) the result is better left in the cache it was made in."""
+    return streaming and nbytes >= _TIMED_FROM
+
+
 def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way) -> None:
     """The one-node call through :func:`_one_node` (one compiled call)."""
     streaming = way == "streaming"
@@ -395,13 +407,12 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
         params = np.zeros(13, np.int64)
         params[:] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize, lay.slices,
                      per * w, sets, pieces, red.code, int(streaming),
-                     int(streaming and work.nbytes >= _TIMED_FROM), win.handle,
+                     int(_streams_out(streaming, work.nbytes)), win.handle,
                      int(win.sleepy), ld.itemsize)  # fmt: skip
-        theirs = [j for j in range(lay.slices) if j not in lay.owned]
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
-            np.asarray(theirs, np.int64), red.divisor(ctx.size), win.flat.view(ld), scratch,
+            np.asarray(lay.theirs, np.int64), red.divisor(ctx.size), win.flat.view(ld), scratch,
         )  # fmt: skip
         if len(win.calls) >= _CALLS_KEPT:
             win.calls.clear()
@@ -488,77 +499,46 @@ class _Choice:
 
 
 class _Pieces:
-    """The passes of one call through the window, piece by piece (elements counted).
+    """The passes of one call through the window, piece by piece (elements counted),
+    across nodes (one node runs them compiled: :func:`_one_node`).
 
     Rank k's segment holds ``sets`` sets of S slots of ``per`` elements: slot
     (b, j) carries, for the current piece, this rank's part of slice j -- its
     contribution where another rank owns j, the result where it owns j itself.
     """
 
-    def __init__(
-        self, work, src, red, nranks, lay, win, bounds, per: int, sets: int, streaming: bool,
-        ctx: Context,
-    ) -> None:  # fmt: skip
-        self.work, self.src, self.red, self.nranks = work, src, red, nranks
+    def __init__(self, work, src, red, lay, win, bounds, per: int, sets: int, streaming: bool):
+        self.work, self.src, self.red = work, src, red
         self.streaming = streaming  # stores to the window go past the caches
-        # Copies into the user's buffer stream past the caches with the streaming way
-        # only: with the cached way (ranks that share a cache) the result is better
-        # left in the cache it was made in.
-        self.stream_out = streaming and work.nbytes >= _TIMED_FROM
-        # Streaming folds into this cache-sized piece first (one node only; the
-        # rails, which also use the context's scratch, run only across nodes).
-        one_node = streaming and lay.nodes == 1
-        self.scratch = ctx.scratch(per * work.itemsize).view(work.dtype) if one_node else None
+        self.stream_out = _streams_out(streaming, work.nbytes)
         self.window = win.flat.view(work.dtype)
         self.stride = win.capacity // work.dtype.itemsize  # elements per segment
-        self.bounds, self.lay, self.per, self.sets = bounds, lay, per, sets
+        self.bounds = np.asarray(bounds, np.int64)
+        self.lay, self.per, self.sets = lay, per, sets
         self.me = lay.local_rank * self.stride
-        self.theirs = [j for j in range(lay.slices) if j not in lay.owned]
         self.stored = self.loaded = 0
 
     def _cut(self, j: int, p: int) -> tuple[int, int, int]:
-        """Offset of slot (p % sets, j) in a segment; first and end element of its piece."""
-        b, end = self.bounds[j], self.bounds[j + 1]
-        lo, hi = min(b + p * self.per, end), min(b + (p + 1) * self.per, end)
-        return ((p % self.sets) * self.lay.slices + j) * self.per, lo, hi
-
-    def _mine(self, off: int, n: int) -> np.ndarray:
-        return self.window[self.me + off : self.me + off + n]
+        return _cut(self.bounds, j, p, self.per, self.sets, self.lay.slices)
 
     def _put(self, slices: list[int], data: np.ndarray, p: int) -> None:
         for j in slices:
             off, lo, hi = self._cut(j, p)
-            copy(self._mine(off, hi - lo), data[lo:hi], self.streaming)
+            copy(self.window[self.me + off : self.me + off + hi - lo], data[lo:hi], self.streaming)
             self.stored += hi - lo
 
     def publish(self, p: int) -> None:
         """Store this rank's part of the slices others own."""
-        self._put(self.theirs, self.src, p)
+        self._put(self.lay.theirs, self.src, p)
 
-    def fold(self, p: int, finished: bool) -> None:
-        """Reduce the owned slices over the L contributions into `work`, in one kernel
-        call each (this rank's own from `src`, the others' from their slots, in
-        local-rank order); `finished` (one node): also into this rank's slot, for
-        the others, and finish (AVG divides)."""
+    def fold(self, p: int) -> None:
+        """Reduce the owned slices over the L contributions into `work` (the rails
+        take them from there), in one kernel call each: this rank's own from
+        `src`, the others' from their slots, in local-rank order."""
         for j in self.lay.owned:
             off, lo, hi = self._cut(j, p)
-            mine = self._mine(off, hi - lo)
-            if not finished:  # across nodes: the rails take it from `work`
-                out, also = self.work[lo:hi], self.work[:0]
-            elif self.streaming:  # into cache, then streamed to `work` and to the slot
-                out, also = self.scratch[: hi - lo], self.work[:0]
-            else:  # to `work` and, for the others, to the slot in one pass
-                out, also = self.work[lo:hi], mine
-            self.red.fold(out, also, self.src[lo:hi], self.window, self.stride, off,
-                          self.lay.local_rank, self.lay.local_size)  # fmt: skip
-            if finished:
-                self.red.finish(out, self.nranks)
-                if self.streaming:
-                    copy(mine, out, streaming=True)
-                    copy(self.work[lo:hi], out, self.stream_out)
-                else:
-                    self.red.finish(mine, self.nranks)
-                self.stored += hi - lo
+            self.red.fold(self.work[lo:hi], self.work[:0], self.src[lo:hi], self.window,
+                          self.stride, off, self.lay.local_rank, self.lay.local_size)  # fmt: skip
             self.loaded += (hi - lo) * (self.lay.local_size - 1)
 
     def store(self, p: int) -> None:
@@ -567,7 +547,7 @@ class _Pieces:
 
     def copy_out(self, p: int) -> None:
         """Copy the slices the other local ranks finished into `work`."""
-        for j in self.theirs:
+        for j in self.lay.theirs:
             off, lo, hi = self._cut(j, p)
             at = (j % self.lay.local_size) * self.stride + off
             copy(self.work[lo:hi], self.window[at : at + hi - lo], self.stream_out)

@@ -162,8 +162,8 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
 
 
 # Bytes of the buffer one pass through the window handles (RINGMPI_PIECE_BYTES),
-# for each way of storing to the window (RINGMPI_WINDOW_STORES); see _choose.
-PIECE_BYTES = {"cached": 1 << 21, "streaming": 1 << 20}
+# whichever way it stores to the window (RINGMPI_WINDOW_STORES; see _choose).
+PIECE_BYTES = 1 << 20
 STORES = ("auto", "cached", "streaming")
 # Calls of each size class that time each way before the node settles on one
 # (the first of each warms up and is not counted).
@@ -171,9 +171,8 @@ _TRIALS = 3
 # Calls of the chosen way after which the trials run again regardless.
 _RETRY = 256
 # From this buffer size on, auto times both ways (below it, it stores cached), and
-# with the streaming way the copy out of the window into the user's buffer streams
-# past the caches too: a streaming store skips reading each line before
-# overwriting it (docs/performance.md).
+# the copy out of the window into the user's buffer streams past the caches
+# (see _streams_out).
 _TIMED_FROM = 1 << 20
 
 
@@ -325,7 +324,7 @@ def hierarchical_allreduce(
     bounds = chunk_bounds(work.size, lay.slices)
     longest = max(b - a for a, b in itertools.pairwise(bounds))
     way, timing = _choose(ctx, lay, work.nbytes, stores)
-    piece = fixed or PIECE_BYTES[way]
+    piece = fixed or PIECE_BYTES
     # A slot holds a piece's share of a slice, 64-byte aligned; with one piece in
     # all, one set of slots, otherwise two used in turn.
     per = max(1, min(longest, -(-piece // lay.slices // dt.itemsize)))
@@ -387,11 +386,13 @@ def hierarchical_allreduce(
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
 
 
-def _streams_out(streaming: bool, nbytes: int) -> bool:
-    """Whether copies into the user's buffer stream past the caches: with the
-    streaming way from _TIMED_FROM on; with the cached way (ranks that share a
-    cache) the result is better left in the cache it was made in."""
-    return streaming and nbytes >= _TIMED_FROM
+def _streams_out(nbytes: int) -> bool:
+    """Whether copies into the user's buffer stream past the caches: from
+    _TIMED_FROM on, whichever way the window is stored to. A streaming store
+    skips reading the line it overwrites; the cached way used to leave the
+    result in the cache instead, and was 0-20% slower for it at 1-64 MiB on
+    2 ranks here (docs/performance.md)."""
+    return nbytes >= _TIMED_FROM
 
 
 def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way) -> None:
@@ -407,7 +408,7 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
         params = np.zeros(13, np.int64)
         params[:] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize, lay.slices,
                      per * w, sets, pieces, red.code, int(streaming),
-                     int(_streams_out(streaming, work.nbytes)), win.handle,
+                     int(_streams_out(work.nbytes)), win.handle,
                      int(win.sleepy), ld.itemsize)  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
@@ -510,7 +511,7 @@ class _Pieces:
     def __init__(self, work, src, red, lay, win, bounds, per: int, sets: int, streaming: bool):
         self.work, self.src, self.red = work, src, red
         self.streaming = streaming  # stores to the window go past the caches
-        self.stream_out = _streams_out(streaming, work.nbytes)
+        self.stream_out = _streams_out(work.nbytes)
         self.window = win.flat.view(work.dtype)
         self.stride = win.capacity // work.dtype.itemsize  # elements per segment
         self.bounds = np.asarray(bounds, np.int64)

@@ -390,8 +390,8 @@ def _streams_out(nbytes: int) -> bool:
     """Whether copies into the user's buffer stream past the caches: from
     _TIMED_FROM on, whichever way the window is stored to. A streaming store
     skips reading the line it overwrites; the cached way used to leave the
-    result in the cache instead, and was 0-20% slower for it at 1-64 MiB on
-    2 ranks here (docs/performance.md)."""
+    result in the cache instead, and was about a tenth slower for it at 16 MiB
+    on 2 ranks (docs/performance.md)."""
     return nbytes >= _TIMED_FROM
 
 

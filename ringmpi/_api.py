@@ -26,6 +26,8 @@ def Allreduce(
     *,
     algorithm: str = "auto",
     validate: bool | None = None,
+    timeout: float | None = None,
+    reproducible: bool | None = None,
 ) -> None:
     """All-reduce ``sendbuf`` into ``recvbuf`` on every rank of ``comm``, like ``comm.Allreduce``.
 
@@ -35,15 +37,25 @@ def Allreduce(
     from the registry (``"auto"``, ``"ring"``, ``"mpi"``). ``validate`` (default:
     the ``RINGMPI_VALIDATE`` environment variable) first checks that every rank
     agrees on count, dtype, op and algorithm, and raises the same RingMPIError
-    on every rank when they do not.
+    on every rank when they do not. ``timeout`` (seconds; default: the
+    ``RINGMPI_TIMEOUT`` environment variable, none when unset or 0): a rank that
+    waits that long for another without progress raises RingMPIError naming
+    both ranks, the algorithm, phase and step. ``reproducible`` (default:
+    ``RINGMPI_REPRODUCIBLE``): reduce in rank order, so that the result is
+    bitwise the same whatever the algorithm and the placement of ranks.
     """
-    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate)
+    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     again = _repeats.get(key)
     if again is not None and again(sendbuf, recvbuf, op, comm):
         return
     given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
     algorithms.lookup(algorithm)
+    waits = _settings.seconds(
+        _settings.get("RINGMPI_TIMEOUT") if timeout is None else timeout,
+        "RINGMPI_TIMEOUT" if timeout is None else "timeout",
+    )
+    ordered = flag("RINGMPI_REPRODUCIBLE") if reproducible is None else bool(reproducible)
     recv = _as_array(recvbuf, "recvbuf")
     if not recv.flags.writeable:
         raise ValueError("recvbuf is read-only")
@@ -65,7 +77,7 @@ def Allreduce(
         if np.may_share_memory(send, recv):
             raise ValueError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE as sendbuf instead")
     red = reduction(op, recv.dtype)
-    done = _run(send, recv, count, red, comm, algorithm, validate)
+    done = _run(send, recv, count, red, comm, algorithm, validate, waits, ordered)
     if done is not None:
         _remember(given, send, recv, count, red, *done)
 
@@ -77,11 +89,14 @@ def allreduce(
     *,
     algorithm: str = "auto",
     validate: bool | None = None,
+    timeout: float | None = None,
+    reproducible: bool | None = None,
 ) -> np.ndarray:
     """Return a new array: the all-reduce of ``array`` over ``comm`` (same shape and dtype)."""
     send = np.asarray(array)
     result = np.empty(send.shape, send.dtype)
-    Allreduce(send, result, op, comm, algorithm=algorithm, validate=validate)
+    Allreduce(send, result, op, comm, algorithm=algorithm, validate=validate, timeout=timeout,
+              reproducible=reproducible)  # fmt: skip
     return result
 
 
@@ -161,9 +176,14 @@ def _run(
     comm: MPI.Intracomm,
     algorithm: str,
     validate: bool | None,
+    timeout: float = 0.0,
+    reproducible: bool = False,
 ):
     """Run the call; returns (context, algorithm) unless it was validated."""
     ctx = context(comm)
+    if ctx.broken is not None:
+        raise RingMPIError(ctx.broken)
+    ctx.timeout, ctx.reproducible = timeout, reproducible
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx)
     if validate is None:
         validate = flag("RINGMPI_VALIDATE")
@@ -214,7 +234,8 @@ def _run(
 
 _SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
              "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
-             "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES")  # fmt: skip
+             "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_TIMEOUT",
+             "RINGMPI_REPRODUCIBLE")  # fmt: skip
 
 
 _settings_now = _settings.snapshotter(_SETTINGS)
@@ -308,9 +329,10 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     elif algo.prepare is not None:
         run = algo.prepare(red, ctx)
     if run is None:
-        fn = algo.run
+        fn, timeout = algo.run, ctx.timeout
 
         def run(work: np.ndarray, source: np.ndarray) -> None:
+            ctx.timeout = timeout  # another call's may be set
             fn(work, red, ctx, None if source is work else source)
 
     _repeats[key] = _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx, run)

@@ -46,6 +46,13 @@ class Context:
         self.node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         self.alive = True  # until free(): the user freed the communicator
+        # Set by each call (ringmpi._api): seconds a rank waits without progress
+        # before it raises (0: forever), and whether the reduction order is fixed.
+        self.timeout = 0.0
+        self.reproducible = False
+        # Why this communicator can no longer be used (a call that timed out may
+        # have left messages in flight), or None.
+        self.broken: str | None = None
         # Algorithms' own cached state (node layouts, shared windows); each has free().
         self.extra: dict = {}
         # This rank's shared-memory node: it decides how to wait, and the
@@ -83,6 +90,16 @@ class Context:
                 self._plans.clear()
             found = self._plans[key] = plans.plan(algorithm, self.size, self.rank, count)
         return found
+
+    def break_off(self, why: str) -> None:
+        """Refuse every later call on this communicator: ``why`` (a timeout) may have
+        left this call's messages in flight, which a later call could receive."""
+        self.broken = (
+            f"ringmpi no longer uses this communicator: an earlier call failed ({why}); "
+            "its messages may still arrive. Free the communicator and use a new one "
+            "(comm.Dup()), or end the job."
+        )
+        self.alive = False  # repeats of earlier calls take the checked path, which raises
 
     def barrier(self) -> None:
         if self.sleepy:

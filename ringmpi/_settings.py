@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["choice", "flag", "get", "positive_int", "snapshot", "snapshotter"]
+__all__ = ["choice", "flag", "get", "positive_int", "seconds", "snapshot", "snapshotter"]
 
 _raw = getattr(os.environ, "_data", None)
 _fast = os.name == "posix" and isinstance(_raw, dict)
@@ -89,3 +89,33 @@ def choice(name: str, options: tuple[str, ...]) -> str:
 def flag(name: str) -> bool:
     """Environment variable ``name`` as a switch: unset, empty or ``0`` is off."""
     return get(name) not in ("", "0")
+
+
+def seconds(value: object, name: str) -> float:
+    """A timeout in seconds: a finite number > 0, or None/0 for none (returns 0.0).
+    ``name`` says where it came from, for the error."""
+    if value is None:
+        return 0.0
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return 0.0
+        known = _timeouts.get(text)
+        if known is not None:
+            return known
+        try:
+            parsed = float(text)
+        except ValueError:
+            parsed = -1.0
+        if not (0.0 <= parsed < float("inf")):
+            raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+        _timeouts[text] = parsed
+        return parsed
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+    if not (0.0 <= value < float("inf")):
+        raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    return float(value)
+
+
+_timeouts: dict[str, float] = {}

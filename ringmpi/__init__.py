@@ -23,6 +23,7 @@ __all__ = [
     "Comm",
     "RingMPIError",
     "Trace",
+    "abort_on_error",
     "allreduce",
     "trace",
 ]
@@ -37,13 +38,14 @@ _WHERE = {
     "Comm": "_api",
     "RingMPIError": "_errors",
     "Trace": "_trace",
+    "abort_on_error": "_errors",
     "allreduce": "_api",
     "trace": "_trace",
 }
 
 if TYPE_CHECKING:
     from ._api import Allreduce, Comm, allreduce
-    from ._errors import RingMPIError
+    from ._errors import RingMPIError, abort_on_error
     from ._trace import Trace, trace
     from .kernels import AVG
 

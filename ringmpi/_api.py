@@ -180,11 +180,11 @@ def _run(
     reproducible: bool = False,
 ):
     """Run the call; returns (context, algorithm) unless it was validated."""
-    ctx = context(comm)
+    ctx = context(comm, timeout)
     if ctx.broken is not None:
         raise RingMPIError(ctx.broken)
     ctx.timeout, ctx.reproducible = timeout, reproducible
-    algo = algorithms.choose(algorithm, count * recv.itemsize, ctx)
+    algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red)
     if validate is None:
         validate = flag("RINGMPI_VALIDATE")
     if validate:
@@ -341,6 +341,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str) -> None:
     """Every rank raises the same RingMPIError if the ranks disagree on the call."""
     mine = (count, red.dtype.name, red.name, algorithm)
+    ctx.arrive(ctx.comm, "validation")
     everyone = ctx.comm.allgather(mine)
     for field, i in (("count", 0), ("dtype", 1), ("op", 2), ("algorithm", 3)):
         values = [v[i] for v in everyone]

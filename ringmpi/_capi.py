@@ -194,6 +194,26 @@ def sched_yield(typingctx):
     return types.int32(), codegen
 
 
+_CLOCK_MONOTONIC = 1  # Linux's clockid_t for CLOCK_MONOTONIC
+
+
+@intrinsic
+def monotonic_ns(typingctx):
+    """The C library's clock_gettime(CLOCK_MONOTONIC) in nanoseconds (for timeouts;
+    a vDSO call, tens of nanoseconds)."""
+
+    def codegen(context, builder, sig, args):
+        timespec = ir.LiteralStructType([_I64, _I64])
+        cell = cgutils.alloca_once(builder, timespec)
+        fn = _declare(builder, "clock_gettime", _I32, [_I32, timespec.as_pointer()])
+        builder.call(fn, [ir.Constant(_I32, _CLOCK_MONOTONIC), cell])
+        sec = builder.load(cgutils.gep_inbounds(builder, cell, 0, 0))
+        nsec = builder.load(cgutils.gep_inbounds(builder, cell, 0, 1))
+        return builder.add(builder.mul(sec, ir.Constant(_I64, 1_000_000_000)), nsec)
+
+    return types.int64(), codegen
+
+
 @dataclass(frozen=True)
 class Abi:
     """What compiled code needs to know of the loaded MPI's ABI."""

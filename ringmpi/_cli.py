@@ -16,7 +16,6 @@ import os
 import re
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +27,8 @@ import ringmpi
 
 from . import _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
+from ._errors import abort_on_error
+from ._settings import seconds
 from .algorithms.hierarchical import STORES, layout, node_settings
 from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
 
@@ -76,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--node-placement", choices=("block", "cyclic"),
         help="emulated nodes take consecutive ranks (block) or every M-th rank (cyclic)",
+    )  # fmt: skip
+    p.add_argument(
+        "--timeout", type=float, metavar="SECONDS",
+        help="a rank that waits this long without progress raises, naming the rank it waits "
+        "for, and the job is aborted (RINGMPI_TIMEOUT; default: wait as long as it takes)",
     )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
     p.add_argument(
@@ -140,19 +146,6 @@ def _allreduce(send, recv, op, comm, variant: tuple[str, dict[str, str]]) -> Non
                 del os.environ[key]
             else:
                 os.environ[key] = value
-
-
-def _abort_on_exception(comm: MPI.Comm) -> None:
-    # An exception on one rank would leave the others waiting forever in the next
-    # collective; print it and take the whole job down instead (as `python -m mpi4py`).
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        text = "".join(traceback.format_exception(kind, value, tb))
-        # One write, so that another rank's abort cannot cut the message short.
-        sys.stderr.write(f"ringmpi: rank {comm.Get_rank()} failed, aborting the job:\n{text}")
-        sys.stderr.flush()
-        comm.Abort(1)
-
-    sys.excepthook = hook
 
 
 def _warm(ctx: Context, red: Any) -> float:
@@ -283,13 +276,17 @@ def _format(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
-    _abort_on_exception(comm)
+    # An exception on one rank would leave the others waiting forever in the next
+    # collective: print it and take the whole job down instead.
+    abort_on_error(comm)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.ranks_per_node is not None:
         os.environ["RINGMPI_RANKS_PER_NODE"] = str(args.ranks_per_node)
     if args.node_placement is not None:
         os.environ["RINGMPI_NODE_PLACEMENT"] = args.node_placement
+    if args.timeout is not None:
+        os.environ["RINGMPI_TIMEOUT"] = repr(args.timeout)
     rank, nranks = comm.Get_rank(), comm.Get_size()
     # Every rank checks the same arguments the same way, so all of them stop here together.
     try:
@@ -300,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         if RAW in names and op is AVG:
             raise ValueError(f"algorithm: {RAW} (MPI's own Allreduce) has no AVG; use mpi")
         node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
+        seconds(os.environ.get("RINGMPI_TIMEOUT"), "RINGMPI_TIMEOUT")
         tuning.load()  # RINGMPI_TUNING, checked
         if args.plot:
             _plot.check()

@@ -16,10 +16,11 @@ import numpy as np
 from mpi4py import MPI
 
 from . import plans
+from ._errors import RingMPIError
 from ._settings import choice
 from .kernels import Reduction, decode_tag
 
-__all__ = ["Context", "check_comm", "context", "sleepy_barrier"]
+__all__ = ["Context", "check_comm", "complete", "context", "sleepy_barrier", "timed_out"]
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI.
 # Measured (docs/performance.md, 8-byte ring in the step engine on 2 cores):
@@ -101,6 +102,12 @@ class Context:
         )
         self.alive = False  # repeats of earlier calls take the checked path, which raises
 
+    def arrive(self, comm: MPI.Intracomm, where: str) -> None:
+        """Before a blocking collective on ``comm`` (setting up a window or a layout):
+        with a timeout, first a nonblocking barrier that gives up in time."""
+        if self.timeout:
+            complete(comm.Ibarrier(), self, f"rank {self.rank}: {where}", _EVERYONE)
+
     def barrier(self) -> None:
         if self.sleepy:
             sleepy_barrier(self.comm)
@@ -132,6 +139,50 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
         time.sleep(0.002)
 
 
+_EVERYONE = "the other ranks to arrive (a barrier: MPI does not say which rank is missing)"
+
+
+def timed_out(ctx: Context, where: str, waiting_for: str) -> RingMPIError:
+    """The error for a wait that made no progress for ``ctx.timeout`` seconds (and the
+    communicator is broken off: the call's messages may still be in flight).
+    ``where``: "rank R: algorithm phase step S"; ``waiting_for``: whom, for what."""
+    why = f"{where}: waited {ctx.timeout:g} s for {waiting_for} without progress (timeout)"
+    ctx.break_off(why)
+    return RingMPIError(why)
+
+
+def complete(req: MPI.Request, ctx: Context, where: str, waiting_for: str) -> None:
+    """Wait for ``req`` (a nonblocking collective or message), giving up after
+    ``ctx.timeout`` seconds (0: wait as long as it takes)."""
+    if not ctx.timeout:
+        req.Wait()
+        return
+    start = time.monotonic()
+    pause = 0.0
+    while not req.Test():
+        if time.monotonic() - start > ctx.timeout:
+            raise timed_out(ctx, where, waiting_for)
+        if ctx.sleepy or pause:
+            time.sleep(pause or 0.0005)
+        # Spin for the first millisecond, then poll every 0.5 ms.
+        elif time.monotonic() - start > 1e-3:
+            pause = 0.0005
+
+
+def _arrive(comm: MPI.Intracomm, timeout: float) -> None:
+    """The first call on ``comm``: wait for every rank, giving up after ``timeout``."""
+    req = comm.Ibarrier()
+    start = time.monotonic()
+    while not req.Test():
+        if time.monotonic() - start > timeout:
+            raise RingMPIError(
+                f"rank {comm.Get_rank()}: setting up the communicator (its first call): "
+                f"waited {timeout:g} s for {_EVERYONE} without progress (timeout); the "
+                "barrier stays posted on the communicator: end the job"
+            )
+        time.sleep(0.0005)
+
+
 def _wait_policy() -> str:
     return choice("RINGMPI_WAIT", ("auto", "spin", "sleep"))
 
@@ -159,13 +210,16 @@ def check_comm(comm: object) -> MPI.Intracomm:
     return comm
 
 
-def context(comm: MPI.Intracomm) -> Context:
-    """The cached :class:`Context` of ``comm`` (collective on first use: it duplicates comm)."""
+def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
+    """The cached :class:`Context` of ``comm`` (collective on first use: it duplicates
+    comm, after a barrier that gives up after ``timeout`` seconds, if any)."""
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
     ctx = comm.Get_attr(_keyval)
     if ctx is None:
+        if timeout:
+            _arrive(comm, timeout)
         ctx = Context(comm)
         comm.Set_attr(_keyval, ctx)
     return ctx

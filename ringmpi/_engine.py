@@ -18,7 +18,10 @@ pipelined rings. A store receives every segment straight into place.
 
 While waiting, a rank spins in MPI_Wait, or, on a node with many more ranks
 than cores (``Context.sleepy``), polls MPI_Test and yields the core between
-polls (sched_yield), so that the rank it waits for can run.
+polls (sched_yield), so that the rank it waits for can run. With a timeout
+(``Context.timeout``) it polls MPI_Test too, reading the clock every 256
+polls, and gives up on a request that has not completed in that time; the
+single-segment shortcut through the blocking MPI_Sendrecv is then not taken.
 
 What goes wrong is returned, not raised, from compiled code (the step, the MPI
 error code, or the byte count or tag that did not match); :func:`run` turns it
@@ -39,6 +42,7 @@ from . import _settings, _trace
 from ._capi import (
     abi,
     handle,
+    monotonic_ns,
     mpi_cancel,
     mpi_get_count,
     mpi_irecv,
@@ -49,6 +53,7 @@ from ._capi import (
     mpi_wait,
     sched_yield,
 )
+from ._comm import timed_out
 from ._errors import RingMPIError
 from ._settings import positive_int
 from .kernels import DTYPES, Reduction, combine_by_code, divide_by
@@ -76,20 +81,31 @@ SEGMENT_BYTES = 1 << 20
 _MAX_SEGMENT = 1 << 30  # MPI counts are C ints
 
 # What _execute reports in `err`: [what, row, detail, detail].
-_OK, _MPI_ERROR, _WRONG_COUNT, _WRONG_TAG = 0, 1, 2, 3
+_OK, _MPI_ERROR, _WRONG_COUNT, _WRONG_TAG, _TIMED_OUT = 0, 1, 2, 3, 4
+# What _wait returns for a request that did not complete in time (MPI error
+# codes are >= 0).
+_LATE = -1
 
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
 @_jit
-def _wait(request, status, flag, sleepy):
-    if not sleepy:
+def _wait(request, status, flag, sleepy, timeout):
+    """Complete ``request``: its MPI error code, or _LATE after ``timeout`` ns
+    without completing (0: no limit)."""
+    if not sleepy and timeout == 0:
         return mpi_wait(request, status)
+    start = monotonic_ns() if timeout > 0 else 0
+    polls = 0
     while True:
         e = mpi_test(request, flag.ctypes.data, status)
         if e != 0 or flag[0] != 0:
             return e
-        sched_yield()
+        if sleepy:
+            sched_yield()
+        polls += 1
+        if timeout > 0 and (polls & 255) == 0 and monotonic_ns() - start > timeout:
+            return _LATE
 
 
 @_jit
@@ -130,7 +146,9 @@ def _reduce(acc, inp, code, reverse, action, divisor):
 
 # The fixed arguments of a call shape, packed into one int64 array (fewer
 # arguments: Numba's dispatcher pays per argument, on every call).
-_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _NPARAMS = range(11)
+_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _TIMEOUT, _NPARAMS = (
+    range(12)
+)
 
 
 @_jit
@@ -142,8 +160,9 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     names): the op's number, the communicator's and MPI_BYTE's handles, the tag,
     MPI_ANY_TAG, the segment in elements of ``work``, the size of an MPI_Request,
     where the tag sits in ``status`` (an MPI_Status seen as int32s, followed by two
-    int32 cells for a count and a flag), whether to wait sleepily, and the lanes
-    per element of the plan's offsets. ``scratch`` holds two segments.
+    int32 cells for a count and a flag), whether to wait sleepily, the lanes
+    per element of the plan's offsets, and the timeout in ns (0: none).
+    ``scratch`` holds two segments.
     ``requests`` holds the request slots, then a live flag per slot: the
     receives' slots first (all of a store's segments, or two for a reduce), then
     one per segment sent. In the report, ``[2 row]`` and ``[2 row + 1]`` count the
@@ -153,7 +172,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     params, report = state[:_NPARAMS], state[_NPARAMS:]
     code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
-    sleepy, w = params[_SLEEPY] != 0, params[_LANES]
+    sleepy, w, timeout = params[_SLEEPY] != 0, params[_LANES], params[_TIMEOUT]
     nstat = status.size - 2
     count = status[nstat:]  # count, then flag
     isz = work.itemsize
@@ -177,7 +196,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         nrecv = 0 if src < 0 else max(1, (rlen + seg - 1) // seg)
         reduce = (action & REDUCE) != 0
         reverse = (action & THEIRS_FIRST) != 0
-        if nsend == 1 and nrecv == 1 and not sleepy:
+        if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0:
             # One segment each way: one MPI_Sendrecv (cheaper than two requests).
             at = scratch.ctypes.data if reduce else base + roff * isz
             e = mpi_sendrecv(base + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
@@ -218,7 +237,10 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         waited = 0  # sends waited for, in order
         for k in range(nrecv if e == 0 else 0):
             slot = k % 2 if reduce else k
-            e = _wait(req + slot * rsize, st, count[1:], sleepy)
+            e = _wait(req + slot * rsize, st, count[1:], sleepy, timeout)
+            if e == _LATE:
+                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, src, 0
+                break
             live[slot] = 0
             if e != 0:
                 break
@@ -229,7 +251,10 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
                 while waited < upto and e == 0:
-                    e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy)
+                    e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy, timeout)
+                    if e == _LATE:
+                        err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
+                        break
                     live[slots + waited] = 0
                     report[2 * row] += min(seg, slen - waited * seg) * isz
                     report[2 * row + 1] += 1
@@ -248,7 +273,10 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                         break
                     live[slot] = 1
         while waited < nsend and e == 0 and err[0] == _OK:
-            e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy)
+            e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy, timeout)
+            if e == _LATE:
+                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
+                break
             live[slots + waited] = 0
             report[2 * row] += min(seg, slen - waited * seg) * isz
             report[2 * row + 1] += 1
@@ -278,7 +306,8 @@ class _Shape:
         self.tag = ctx.tag(red, plan.count)
         fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
                  _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
-                 _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w}  # fmt: skip
+                 _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w,
+                 _TIMEOUT: round(ctx.timeout * 1e9)}  # fmt: skip
         # The fixed arguments, then what each call reports (see _execute).
         self.state = np.zeros(_NPARAMS + 2 * len(table) + 4, np.int64)
         self.state[list(fixed)] = list(fixed.values())
@@ -319,8 +348,8 @@ class _Engine:
 
     def shape(self, plan: Plan, red: Reduction, ctx, setting: str) -> _Shape:
         """The shape of a call: ``setting`` is RINGMPI_SEGMENT_BYTES's text (keyed by
-        it, parsed only when a new shape is made)."""
-        key = (id(plan), red.tag, setting)
+        it, parsed only when a new shape is made); the timeout is part of it."""
+        key = (id(plan), red.tag, setting, ctx.timeout)
         found = self.shapes.get(key)
         if found is None or found.plan is not plan:
             if len(self.shapes) >= _SHAPES_KEPT:
@@ -444,6 +473,10 @@ def _raise(
     src = int(r[RECV_FROM])
     peer = peers[src] if src >= 0 else None
     expected = int(r[RECV_LEN]) * work.itemsize
+    if what == _TIMED_OUT:
+        other = peers[int(err[2])]
+        raise timed_out(ctx, where, f"rank {other} to take its message" if err[3]
+                        else f"rank {other}'s message")  # fmt: skip
     if what == _WRONG_COUNT:
         raise RingMPIError(
             f"{where}: rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "

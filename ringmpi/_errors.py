@@ -1,9 +1,41 @@
-"""The error ringmpi raises for what goes wrong during communication."""
+"""The error ringmpi raises for what goes wrong during communication, and the hook
+that turns an uncaught error on one rank into the end of the whole job."""
 
 from __future__ import annotations
 
-__all__ = ["RingMPIError"]
+import sys
+import traceback
+from typing import Any
+
+from mpi4py import MPI
+
+__all__ = ["RingMPIError", "abort_on_error"]
 
 
 class RingMPIError(RuntimeError):
-    """An error found while communicating: ranks that disagree, a message that does not fit."""
+    """An error found while communicating: ranks that disagree, a message that does not
+    fit, a rank that made no progress within the timeout."""
+
+
+def abort_on_error(comm: Any = None, code: int = 1) -> None:
+    """Make an uncaught exception on this rank end the whole job: print it (one write,
+    naming this rank) and call MPI_Abort on ``comm`` (default: COMM_WORLD).
+
+    Without it, a rank that raises leaves the interpreter through MPI_Finalize while
+    the other ranks wait for it in their next collective: the job hangs. ``python -m
+    mpi4py script.py`` installs the same behaviour for a whole script; this is the
+    call for a program that cannot change how it is started. Call it once, early, on
+    every rank; it replaces ``sys.excepthook``.
+    """
+    target = MPI.COMM_WORLD if comm is None else comm
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        text = "".join(traceback.format_exception(kind, value, tb))
+        # One write, so that another rank's abort cannot cut the message short.
+        sys.stderr.write(
+            f"ringmpi: rank {MPI.COMM_WORLD.Get_rank()} failed, aborting the job:\n{text}"
+        )
+        sys.stderr.flush()
+        target.Abort(code)
+
+    sys.excepthook = hook

@@ -21,7 +21,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from ._capi import load_acquire, mpi_win_sync, sched_yield, store_release
+from ._capi import load_acquire, monotonic_ns, mpi_win_sync, sched_yield, store_release
 
 __all__ = ["await_flags", "flag_barrier", "node_window"]
 
@@ -55,26 +55,39 @@ def node_window(node: MPI.Intracomm, capacity: int) -> tuple[MPI.Win, np.ndarray
 
 
 @numba.njit(cache=True, nogil=True)
-def await_flags(flags, size, stride, at, target, sleepy):
+def await_flags(flags, size, stride, at, target, sleepy, timeout_ns):
     """Wait until ``flags[r * stride + at] >= target`` for every r < ``size``.
 
-    Spins, then yields the core between polls (at once when ``sleepy``)."""
+    Spins, then yields the core between polls (at once when ``sleepy``). With
+    ``timeout_ns`` > 0, gives up when a flag has not moved for that long: returns
+    the first r still below ``target`` then, or -1 once every flag is there.
+    """
     for r in range(size):
         spins = 0
+        start = 0
         while load_acquire(flags, r * stride + at) < target:
             spins += 1
             if sleepy or spins > _SPINS:
                 sched_yield()
+            if timeout_ns > 0 and (spins & 255) == 0:
+                now = monotonic_ns()
+                if start == 0:
+                    start = now
+                elif now - start > timeout_ns:
+                    return r
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
-def flag_barrier(flags, size, stride, me, win, sleepy):
+def flag_barrier(flags, size, stride, me, win, sleepy, timeout_ns):
     """A barrier of the node's ranks through their flags (``flags[r * stride]``),
     ordering every rank's stores to window ``win`` before every rank's later
     loads: raise this rank's flag (MPI_Win_sync, then a release store), wait
-    for every flag to reach it (acquire loads), MPI_Win_sync."""
+    for every flag to reach it (acquire loads), MPI_Win_sync. Returns -1, or the
+    local rank it gave up waiting for (see :func:`await_flags`)."""
     k = flags[me * stride] + 1
     mpi_win_sync(win)
     store_release(flags, me * stride, k)
-    await_flags(flags, size, stride, 0, k, sleepy)
+    late = await_flags(flags, size, stride, 0, k, sleepy, timeout_ns)
     mpi_win_sync(win)
+    return late

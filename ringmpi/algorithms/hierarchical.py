@@ -64,7 +64,8 @@ from mpi4py import MPI
 
 from .. import _trace
 from .._capi import handle
-from .._comm import Context
+from .._comm import Context, complete, timed_out
+from .._errors import RingMPIError
 from .._settings import choice, positive_int
 from .._shm import flag_barrier, node_window
 from ..kernels import (
@@ -96,6 +97,7 @@ class Layout:
     rails: dict[int, Context]  # slice -> context of its rail (the owners across nodes)
     rail_members: dict[int, list[int]]  # slice -> comm ranks of that rail, in ring order
     owns_node: bool  # an emulated node's communicator, not the context's real node
+    local_ranks: list[int]  # local rank -> rank in the communicator (for error messages)
 
     @property
     def theirs(self) -> list[int]:
@@ -136,6 +138,7 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
     found = ctx.extra.get(key)
     if found is not None:
         return found
+    ctx.arrive(ctx.comm, "hierarchical: setting up the node layout")
     comm = ctx.comm
     rank, size = ctx.rank, ctx.size
     # Emulated nodes of k ranks are cut out of the real ones (their ranks share memory).
@@ -155,8 +158,9 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
             members[j] = rail.allgather(rank)
             rail.Free()
     found = Layout(
-        node, local_rank, local_size, nodes, slices, owned, rails, members, k is not None
-    )
+        node, local_rank, local_size, nodes, slices, owned, rails, members, k is not None,
+        node.allgather(rank),
+    )  # fmt: skip
     ctx.extra[key] = found
     return found
 
@@ -207,11 +211,15 @@ class _Window:
         self.handle = handle(self.win)
         self.calls: dict[tuple, tuple] = {}  # one-node call shapes (_run_one_node)
 
-    def sync(self) -> None:
+    def sync(self, ctx: Context, lay: Layout, step: str) -> None:
         """Order this pass's stores before the next pass's loads, on every local rank:
         a barrier through the ranks' flags, compiled, with MPI_Win_sync on this
-        window on both sides (:func:`ringmpi._shm.flag_barrier`)."""
-        flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle, self.sleepy)
+        window on both sides (:func:`ringmpi._shm.flag_barrier`). ``step`` names it
+        in the error of a timeout."""
+        late = flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle,
+                            self.sleepy, round(ctx.timeout * 1e9))  # fmt: skip
+        if late >= 0:
+            raise _late(ctx, lay, late, step)
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
@@ -221,12 +229,20 @@ class _Window:
             win.Free()
 
 
+def _late(ctx: Context, lay: Layout, late: int, step: str) -> RingMPIError:
+    """The error of a node barrier that local rank ``late`` did not reach in time."""
+    return timed_out(ctx, f"rank {ctx.rank}: hierarchical {step}",
+                     f"rank {lay.local_ranks[late]} (local rank {late} of its node) at the "
+                     "node's barrier")  # fmt: skip
+
+
 def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
     # Every rank of the node asks for the same size (same count, dtype and piece),
     # so they agree on when to reallocate; the window only grows.
     key = ("window", id(lay))
     win = ctx.extra.get(key)
     if win is None or win.capacity < nbytes:
+        ctx.arrive(lay.node, "hierarchical: allocating the node's window")
         if win is not None:
             win.free()
         win = _Window(lay.node, ctx.sleepy, max(64, -(-nbytes // 64) * 64))
@@ -238,6 +254,7 @@ def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
 _RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN, _SLEEPY, _ISZ = (
     range(13)
 )
+_TIMEOUT, _LATE, _STEP, _NPARAMS = 13, 14, 15, 16  # the timeout (ns); what a timeout reports
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -266,7 +283,8 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
     rank, nl, stride, slices = params[_RANK], params[_L], params[_STRIDE], params[_S]
     per, sets, pieces, code = params[_PER], params[_SETS], params[_PIECES], params[_CODE]
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
-    win, sleepy, isz = params[_WIN], params[_SLEEPY] != 0, params[_ISZ]
+    win, sleepy, isz, timeout = params[_WIN], params[_SLEEPY] != 0, params[_ISZ], params[_TIMEOUT]
+    params[_LATE] = -1
     me = rank * stride
     for t in range(pieces + 2):
         if t < pieces:  # publish piece t: this rank's part of the slices others own
@@ -299,7 +317,10 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
                 at = (j % nl) * stride + off
                 _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
         if t <= pieces:
-            flag_barrier(flags, nl, _FLAG_CELLS, rank, win, sleepy)
+            late = flag_barrier(flags, nl, _FLAG_CELLS, rank, win, sleepy, timeout)
+            if late >= 0:  # the local rank that did not reach step t
+                params[_LATE], params[_STEP] = late, t
+                return
 
 
 def warm(kinds) -> None:
@@ -337,13 +358,13 @@ def hierarchical_allreduce(
         # The slots move: nobody may still be reading the last call's (a call with
         # the same slots needs no such step, see below).
         if win.shape is not None:
-            win.sync()
+            win.sync(ctx, lay, "new window layout")
         win.shape = shape
     started = MPI.Wtime()
     if lay.nodes == 1:
         _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
         if timing is not None:
-            timing.append(lay.node.allreduce(MPI.Wtime() - started, op=MPI.MAX))
+            timing.append(_slowest(ctx, lay, MPI.Wtime() - started))
         if _trace._active:
             owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
             loaded = owned * (lay.local_size - 1) + work.size - owned
@@ -363,15 +384,22 @@ def hierarchical_allreduce(
         if t > 0:
             go.fold(t - 1)
         if t < pieces:
-            win.sync()
+            win.sync(ctx, lay, f"publish and fold step {t}")
     # AVG sums across nodes and divides once, by the slice's owner.
     across = reduction(MPI.SUM, dt) if red.name == "avg" else red
     for j in lay.owned:
         acc = work[bounds[j] : bounds[j + 1]]
-        run_ring(
-            acc, across, lay.rails[j], algorithm="hierarchical",
-            phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
-        )  # fmt: skip
+        rail = lay.rails[j]
+        rail.timeout = ctx.timeout
+        try:
+            run_ring(
+                acc, across, rail, algorithm="hierarchical",
+                phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
+            )  # fmt: skip
+        except RingMPIError as exc:
+            if rail.broken is not None:  # a timeout: the rail's messages may be in flight
+                ctx.break_off(str(exc))
+            raise
         red.finish(acc, ctx.size)
     for t in range(pieces + 1):
         if t < pieces:
@@ -379,11 +407,21 @@ def hierarchical_allreduce(
         if t > 0:
             go.copy_out(t - 1)
         if t < pieces:
-            win.sync()
+            win.sync(ctx, lay, f"store and copy-out step {t}")
     if timing is not None:
-        timing.append(lay.node.allreduce(MPI.Wtime() - started, op=MPI.MAX))
+        timing.append(_slowest(ctx, lay, MPI.Wtime() - started))
     if _trace._active:
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
+
+
+def _slowest(ctx: Context, lay: Layout, took: float) -> float:
+    """The node's slowest time of this call (for the way trials), as a nonblocking
+    reduction that gives up after the timeout."""
+    slowest = np.zeros(1)
+    req = lay.node.Iallreduce(np.array([took]), slowest, op=MPI.MAX)
+    complete(req, ctx, f"rank {ctx.rank}: hierarchical timing trial",
+             "the other ranks of its node to finish the call")  # fmt: skip
+    return float(slowest[0])
 
 
 def _streams_out(nbytes: int) -> bool:
@@ -401,15 +439,15 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
     lanes = red.lanes
     into, frm = lanes(work), lanes(src)
     w = into.size // work.size if work.size else 1  # lanes per element
-    key = ("one-node", work.size, red.tag, per, sets, streaming)
+    key = ("one-node", work.size, red.tag, per, sets, streaming, ctx.timeout)
     found = win.calls.get(key)
     if found is None:
         ld = into.dtype
-        params = np.zeros(13, np.int64)
-        params[:] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize, lay.slices,
-                     per * w, sets, pieces, red.code, int(streaming),
+        params = np.zeros(_NPARAMS, np.int64)
+        params[: _TIMEOUT + 1] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
+                     lay.slices, per * w, sets, pieces, red.code, int(streaming),
                      int(_streams_out(work.nbytes)), win.handle,
-                     int(win.sleepy), ld.itemsize)  # fmt: skip
+                     int(win.sleepy), ld.itemsize, round(ctx.timeout * 1e9))  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -422,6 +460,8 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
     _one_node(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
               scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
               params)  # fmt: skip
+    if params.item(_LATE) >= 0:
+        raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}")
 
 
 _CALLS_KEPT = 64

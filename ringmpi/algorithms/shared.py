@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import _trace
 from .._capi import handle, mpi_win_sync, store_release
-from .._comm import Context
+from .._comm import Context, timed_out
 from .._errors import RingMPIError
 from .._shm import await_flags, node_window
 from ..kernels import Reduction, combine_by_code, decode_tag, divide_by
@@ -39,8 +39,12 @@ __all__ = ["SET_BYTES", "prepare", "warm"]
 # Bytes of data in each of a slot's two sets: the piece one call number carries.
 SET_BYTES = 1 << 16
 _HEADER = 64  # a cache line of int64 cells: the flag, then (count, code) per set
-# params cells (int64), then the report [failed, rank, its count, its code]
-_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _NPARAMS = range(11)
+# params cells (int64), then the report [what, rank, detail, detail]: what is
+# _DISAGREE (rank, its count, its code) or _TIMED_OUT (rank, piece)
+_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _NPARAMS = (
+    range(12)
+)
+_DISAGREE, _TIMED_OUT = 1, 2
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -50,7 +54,7 @@ def _allreduce(work, source, data, flags, params, divisor):
     cells, then the report."""
     rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
     hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
-    sleepy, win = params[_SLEEPY] != 0, params[_WIN]
+    sleepy, win, timeout = params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT]
     err = params[_NPARAMS:]
     err[0] = 0
     n = work.size
@@ -70,12 +74,15 @@ def _allreduce(work, source, data, flags, params, divisor):
         flags[me + 2 + 2 * b] = tag
         mpi_win_sync(win)
         store_release(flags, me, seq)
-        await_flags(flags, size, fstride, 0, seq, sleepy)
+        late = await_flags(flags, size, fstride, 0, seq, sleepy, timeout)
+        if late >= 0:
+            err[0], err[1], err[2] = _TIMED_OUT, late, done // cap
+            return
         mpi_win_sync(win)
         for r in range(size):
             their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
             if their_n != n or their_tag != tag:
-                err[0], err[1], err[2], err[3] = 1, r, their_n, their_tag
+                err[0], err[1], err[2], err[3] = _DISAGREE, r, their_n, their_tag
                 return
         out = work[done : done + m]
         at = hdr + b * cap
@@ -114,7 +121,8 @@ class _Node:
         ctx.barrier()
         self.win.Sync()
         self.handle = handle(self.win)
-        self.calls: dict[int, tuple] = {}  # red.tag -> (params, divisor, data view, lanes)
+        # (red.tag, timeout) -> (params, divisor, data view, lanes)
+        self.calls: dict[tuple[int, float], tuple] = {}
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
@@ -133,6 +141,7 @@ def _node(ctx: Context) -> _Node:
                 f"(one shared-memory domain); rank {ctx.rank}'s node holds "
                 f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, ring or hierarchical"
             )
+        ctx.arrive(ctx.node, "shared_memory: allocating the node's window")
         found = ctx.extra["shared_memory"] = _Node(ctx)
     return found
 
@@ -140,16 +149,17 @@ def _node(ctx: Context) -> _Node:
 def _state(red: Reduction, ctx: Context) -> tuple:
     """(params, divisor, window as the lanes' dtype, split) of ``red`` on ``ctx``."""
     node = _node(ctx)
-    found = node.calls.get(red.tag)
+    key = (red.tag, ctx.timeout)
+    found = node.calls.get(key)
     if found is None:
         lanes = red.lanes(np.zeros(0, red.dtype)).dtype
         isz = lanes.itemsize
         params = np.zeros(_NPARAMS + 4, np.int64)
         params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                              _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
-                             int(ctx.sleepy), node.handle)  # fmt: skip
+                             int(ctx.sleepy), node.handle, round(ctx.timeout * 1e9))  # fmt: skip
         split = lanes != red.dtype
-        found = node.calls[red.tag] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
+        found = node.calls[key] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
     return found
 
 
@@ -185,7 +195,10 @@ def prepare(red: Reduction, ctx: Context):
 
 
 def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context) -> None:
-    r, their_n, their_tag = (int(x) for x in report[1:])
+    what, r, their_n, their_tag = (int(x) for x in report)
+    if what == _TIMED_OUT:
+        raise timed_out(ctx, f"rank {ctx.rank}: shared_memory publish piece {their_n}",
+                        f"rank {r} to publish its piece {their_n}")  # fmt: skip
     per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element
     said = []
     if their_n != lanes.size:

@@ -9,7 +9,7 @@ from the schedules and nowhere else: the engine (:mod:`ringmpi._engine`) only
 carries them out, and :func:`simulate` runs every rank's plan without MPI to
 check them and to count their cost.
 
-Three plans:
+Four plans:
 
 * ``ring`` -- the schedule of :func:`ringmpi.schedule.ring_steps`: N - 1
   reduce-scatter steps, then N - 1 all-gather steps; 2(N-1) steps, 2(N-1)/N of
@@ -19,6 +19,12 @@ Three plans:
 * ``rabenseifner`` -- reduce-scatter by recursive halving (each step sends half
   of what is left), then all-gather by recursive doubling: 2 lg p steps and
   2(p-1)/p of the buffer, the ring's bandwidth in lg p steps each way.
+
+* ``chain`` -- the reproducible one: the buffer cut into P **pieces** goes
+  along a chain 0 -> 1 -> ... -> N-1, each rank folding its contribution into
+  the partial it receives, so every element is the left fold in rank order;
+  the finished pieces then go along N-1 -> 0 -> 1 -> ... -> N-2 (see
+  :func:`chain`).
 
 Both latency plans need a power of two, p, of ranks. With N = p + rem ranks
 (rem < p), the standard fold (MPICH's): each of the first rem even ranks sends
@@ -34,14 +40,15 @@ same on every rank.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
 
-__all__ = ["PLANS", "Plan", "plan", "simulate"]
+__all__ = ["PLANS", "Plan", "chain", "chain_pieces", "plan", "simulate"]
 
 # The columns of a plan's table.
 PHASE, STEP, SEND_TO, SEND_OFF, SEND_LEN, RECV_FROM, RECV_OFF, RECV_LEN, ACTION = range(9)
@@ -54,6 +61,7 @@ FINAL = 4  # these elements are complete after this reduce (AVG divides them her
 FOLD_IN, FOLD_OUT = "fold-in", "fold-out"
 ALL_GATHER = "all-gather"
 RECURSIVE_DOUBLING = "recursive-doubling"
+REDUCE_CHAIN, BROADCAST_CHAIN = "reduce-chain", "broadcast-chain"
 
 
 @dataclass(frozen=True)
@@ -191,32 +199,138 @@ def rabenseifner(nranks: int, rank: int, count: int) -> Plan:
     return rows.plan(count)
 
 
+# The chain's pieces: P = sqrt(K * nbytes / CHAIN_BREAK_EVEN), K the pipeline's fill
+# in ticks; CHAIN_BREAK_EVEN is the bytes whose transfer costs what one more row
+# costs (docs/performance.md, "Reproducible mode", has the measurement behind it).
+CHAIN_BREAK_EVEN = 512 << 10
+CHAIN_MAX_PIECE = 4 << 20
+
+
+def chain_pieces(nranks: int, count: int, itemsize: int = 1) -> int:
+    """How many pieces the chain cuts ``count`` elements of ``itemsize`` bytes into.
+
+    The chain takes P + K ticks (K = 1 at 2 ranks, 2N - 4 beyond) of one piece
+    each: more pieces fill the pipeline better, each costs a row's latency. P
+    minimises (P + K)(alpha + beta n / P): P = sqrt(K n beta / alpha), pieces of
+    at most CHAIN_MAX_PIECE bytes, at most one per element, at least one.
+    """
+    nbytes = count * itemsize
+    fill = 1 if nranks <= 2 else 2 * nranks - 4
+    best = round(math.sqrt(fill * nbytes / CHAIN_BREAK_EVEN))
+    least = -(-nbytes // CHAIN_MAX_PIECE)
+    return max(1, min(count, max(best, least)))
+
+
+def chain(nranks: int, rank: int, count: int, itemsize: int = 1, pieces: int | None = None) -> Plan:
+    """The reproducible chain: every element is ``((x0 (op) x1) (op) x2) ... (op) x(N-1)``.
+
+    ::
+
+        reduce:     rank 0 --> rank 1 --> rank 2 --> ... --> rank N-1   (partials)
+        broadcast:  rank N-1 --> rank 0 --> rank 1 --> ... --> rank N-2 (finished)
+
+    The buffer is cut into P **pieces** (:func:`chain_pieces`). Partial t is
+    piece t folded over ranks 0 .. r: rank r receives it from r - 1, folds its
+    own piece in (``THEIRS_FIRST``: the partial is the left operand) and sends
+    it on; rank N-1's fold finishes it (AVG divides there, once). The finished
+    piece then goes once along N-1 -> 0 -> 1 -> ... -> N-2, stored by each.
+
+    The rows keep every rank in step: each message is sent and received in the
+    same (tick, slot) on both sides, so a rank waiting in a row waits only for
+    ranks at the same row or behind it, and the messages between two ranks come
+    in the order both expect. In tick ``tau`` there are two slots, A then B:
+
+    * slot A: partial t from r to r + 1 at tick t + r (r = 0 .. N-2), and
+      finished t from N-1 to 0 at tick t + N - 1;
+    * slot B: finished t from r to r + 1 at tick t + N - 1 + r (r = 0 .. N-3).
+
+    Rank r's row A of tick tau thus sends partial tau - r and receives partial
+    tau - r + 1 -- different pieces, one rank each way at once, as in the
+    ring's steps. A slot a rank has nothing in is no row. At 2 ranks there is no
+    slot B: the partials go 0 -> 1 while the finished pieces come back 1 -> 0.
+
+    Cost: ranks 0 .. N-3 send the buffer twice (once a partial, once finished),
+    ranks N-2 and N-1 once: 2 D at most, against the ring's 2(N-1)/N D, and the
+    same 2(N-1) D over all ranks. Rows: P + 1 at rank N-1, 2P + 2 at the middle
+    ranks; P + K ticks.
+    """
+    rows = _Rows()
+    if nranks == 1:
+        return rows.plan(count)
+    if pieces is None:
+        pieces = chain_pieces(nranks, count, itemsize)
+    bounds = chunk_bounds(count, pieces)
+    last = nranks - 1
+
+    def piece(t: int) -> tuple[int, int] | None:
+        return (bounds[t], bounds[t + 1] - bounds[t]) if 0 <= t < pieces else None
+
+    fill = 1 if nranks == 2 else 2 * nranks - 4
+    for tau in range(pieces + fill):
+        # Slot A: the partials, and the finished pieces' first hop (N-1 -> 0).
+        if rank < last:
+            send = piece(tau - rank), rank + 1, REDUCE_CHAIN
+        else:
+            send = piece(tau - last), 0, BROADCAST_CHAIN
+        if rank > 0:
+            recv = piece(tau - rank + 1), rank - 1, REDUCE | THEIRS_FIRST
+            if rank == last:
+                recv = recv[0], recv[1], recv[2] | FINAL
+        else:
+            recv = piece(tau - last), last, STORE
+        _chain_row(rows, tau, send, recv)
+        # Slot B: the finished pieces along 0 -> 1 -> ... -> N-2.
+        if nranks > 2:
+            send = piece(tau - last - rank), rank + 1, BROADCAST_CHAIN
+            recv = piece(tau - last - rank + 1), rank - 1, STORE
+            _chain_row(rows, tau, send if rank <= last - 2 else (None,),
+                       recv if 1 <= rank <= last - 1 else (None,))  # fmt: skip
+    return rows.plan(count)
+
+
+def _chain_row(rows: _Rows, tau: int, send: tuple, recv: tuple) -> None:
+    """One row of the chain, unless it has neither a send nor a receive. Its phase is
+    the send's (the trace's phase for it), else the receive's."""
+    out = (send[1], *send[0]) if send[0] is not None else (-1, 0, 0)
+    into = (recv[1], *recv[0]) if recv[0] is not None else (-1, 0, 0)
+    if out[0] < 0 and into[0] < 0:
+        return
+    kind = send[2] if out[0] >= 0 else BROADCAST_CHAIN if recv[2] == STORE else REDUCE_CHAIN
+    rows.add(kind, tau, out, into, recv[2] if into[0] >= 0 else STORE)
+
+
 def _span(peer: int, blocks: list[int], blockrange: tuple[int, int]) -> tuple[int, int, int]:
     a, b = blockrange
     return peer, blocks[a], blocks[b] - blocks[a]
 
 
-PLANS = {"ring": ring, "recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner}
+PLANS = {"ring": ring, "recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner,
+         "chain": chain}  # fmt: skip
 
 
-def plan(algorithm: str, nranks: int, rank: int, count: int) -> Plan:
-    """Rank ``rank``'s plan of ``algorithm`` for ``count`` elements on ``nranks`` ranks."""
+def plan(algorithm: str, nranks: int, rank: int, count: int, **options) -> Plan:
+    """Rank ``rank``'s plan of ``algorithm`` for ``count`` elements on ``nranks`` ranks;
+    ``options`` go to the plan's function (the chain's ``itemsize`` and ``pieces``)."""
     if not 0 <= rank < nranks:
         raise ValueError(f"rank {rank} is not one of {nranks} ranks")
-    return PLANS[algorithm](nranks, rank, count)
+    return PLANS[algorithm](nranks, rank, count, **options)
 
 
 @dataclass
 class Simulated:
-    """What :func:`simulate` counted: per rank, bytes sent, messages and serial steps."""
+    """What :func:`simulate` counted: per rank, bytes sent, messages and serial steps
+    (rows); and per rank and element the expression it ends with: a rank number,
+    or (left, right) for a reduce, left the operand first."""
 
     bytes_sent: list[int]
     messages: list[int]
     steps: list[int]
+    results: list[list] = field(default_factory=list, repr=False)
 
 
-def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simulated:
-    """Run every rank's plan without MPI, each element a set of contributions.
+def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1, **options) -> Simulated:
+    """Run every rank's plan without MPI, each element a set of contributions and the
+    expression that combines them (``options`` go to :func:`plan`).
 
     A row's sends leave when the row starts; its receive completes when the
     matching message (the next one from that peer, in order) is there. Raises
@@ -224,8 +338,9 @@ def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simu
     its receiver expects, a reduce would count a contribution twice, or any
     rank ends without every contribution in every element.
     """
-    plans = [plan(algorithm, nranks, r, count) for r in range(nranks)]
+    plans = [plan(algorithm, nranks, r, count, **options) for r in range(nranks)]
     held = [[frozenset([r])] * count for r in range(nranks)]
+    exprs: list[list] = [[r] * count for r in range(nranks)]
     queues: dict[tuple[int, int], deque] = {}
     row_of = [0] * nranks
     posted = [False] * nranks
@@ -239,8 +354,9 @@ def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simu
             row = table[row_of[r]]
             if not posted[r]:
                 if row[SEND_TO] >= 0:
-                    data = held[r][row[SEND_OFF] : row[SEND_OFF] + row[SEND_LEN]]
-                    queues.setdefault((r, int(row[SEND_TO])), deque()).append(list(data))
+                    at = slice(row[SEND_OFF], row[SEND_OFF] + row[SEND_LEN])
+                    data = list(zip(held[r][at], exprs[r][at], strict=True))
+                    queues.setdefault((r, int(row[SEND_TO])), deque()).append(data)
                     sent.bytes_sent[r] += int(row[SEND_LEN]) * itemsize
                     sent.messages[r] += 1
                     sent.steps[r] += 1
@@ -255,12 +371,16 @@ def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simu
                     f"rank {r} row {row_of[r]}: got {len(data)} elements, expects {row[RECV_LEN]}"
                 )
                 off = int(row[RECV_OFF])
-                for i, got in enumerate(data):
+                for i, (got, expr) in enumerate(data):
                     if row[ACTION] & REDUCE:
                         assert not (held[r][off + i] & got), f"rank {r}: element {off + i} twice"
                         held[r][off + i] = held[r][off + i] | got
+                        mine = exprs[r][off + i]
+                        theirs_first = row[ACTION] & THEIRS_FIRST
+                        exprs[r][off + i] = (expr, mine) if theirs_first else (mine, expr)
                     else:
                         held[r][off + i] = got
+                        exprs[r][off + i] = expr
                 if row[SEND_TO] < 0:
                     sent.steps[r] += 1
             row_of[r] += 1
@@ -274,4 +394,5 @@ def simulate(algorithm: str, nranks: int, count: int, itemsize: int = 1) -> Simu
         missing = [i for i in range(count) if held[r][i] != everyone]
         assert not missing, f"rank {r} ends without every contribution in elements {missing[:5]}"
     assert all(not q for q in queues.values()), "messages left unreceived"
+    sent.results = exprs
     return sent

@@ -19,6 +19,13 @@ the other p - p' ranks (two more steps moving the whole buffer)::
     rabenseifner        2 lg p' alpha + 2n(p'-1)/p' beta + n(p'-1)/p' gamma + fold
     hierarchical        node phase + the ring over the M nodes on n/L bytes
     shared_memory       2 k p shm_wait + n p shm_byte   (k pieces of 64 KiB; one node)
+    chain               (P + K)(r alpha + r n/P beta + n/P gamma)   (reproducible mode)
+
+The chain (:func:`ringmpi.plans.chain`) takes P + K ticks of one piece of n/P
+bytes, K = 1 at 2 ranks and 2p - 4 beyond, r = 1 row per tick at 2 ranks and
+2 beyond (a partial, then a finished piece). It never wins against the ring
+(more rows, as many bytes or more), so auto considers it only in reproducible
+mode, against shared_memory, the one other algorithm that keeps rank order.
 
 The defaults (:func:`defaults`: :data:`DEFAULTS` measured with 2 ranks on a
 node, :data:`CROWDED` with 16, in between interpolated) are sensible for ranks
@@ -36,6 +43,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from ._settings import get
+from .plans import chain_pieces
 
 __all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict", "terms"]
 
@@ -148,6 +156,11 @@ def terms(algorithm: str, n: float, p: int, nodes: int = 1, per_node: int = 1) -
     elif algorithm == "shared_memory":
         pieces = max(1, math.ceil(n / _SET))
         return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * p}
+    elif algorithm == "chain":
+        pieces = chain_pieces(p, max(1, int(n)))
+        ticks, rows = pieces + (1 if p == 2 else 2 * p - 4), 1 if p == 2 else 2
+        return {"call": 1.0, "alpha": float(rows * ticks), "beta": rows * ticks * n / pieces,
+                "gamma": ticks * n / pieces}  # fmt: skip
     else:
         raise ValueError(f"no cost model for {algorithm!r}")
     for k, v in fold.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -29,6 +30,8 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
         return 0
     if algorithm == "ring":
         return 2 * (n - 1)
+    if algorithm == "chain":
+        return _chain_rows(n, r, plans.chain_pieces(n, 8 * 9 * 5 * 7, 4))
     p = 1 << int(math.log2(n))
     rem, lg = n - p, int(math.log2(p))
     per = lg if algorithm == "recursive_doubling" else 2 * lg
@@ -42,7 +45,8 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
 def test_steps_and_bytes_equal_the_closed_form(algorithm, nranks):
     count = 8 * 9 * 5 * 7  # divisible by every N and p here
     sim = plans.simulate(algorithm, nranks, count, itemsize=4)
-    assert [plans.plan(algorithm, nranks, r, count).steps for r in range(nranks)] == [
+    opts = {"itemsize": 4} if algorithm == "chain" else {}
+    assert [plans.plan(algorithm, nranks, r, count, **opts).steps for r in range(nranks)] == [
         _expected_steps(algorithm, nranks, r) for r in range(nranks)
     ]
     p = 1 << int(math.log2(nranks))
@@ -52,6 +56,8 @@ def test_steps_and_bytes_equal_the_closed_form(algorithm, nranks):
         folded_odd = r < 2 * rem and r % 2 == 1
         if algorithm == "ring":
             want = 2 * count * (nranks - 1) // nranks
+        elif algorithm == "chain":  # a partial and a finished copy; N-2 and N-1 one
+            want = 0 if nranks == 1 else count * (2 if r <= nranks - 3 else 1)
         elif folded_even:
             want = count
         elif algorithm == "recursive_doubling":
@@ -108,3 +114,58 @@ def test_plan_rejects_a_rank_outside():
 def test_tables_are_int64_with_nine_columns():
     t = plans.plan("rabenseifner", 6, 3, 100).table
     assert t.dtype == np.int64 and t.shape[1] == plans.COLUMNS
+
+
+def _chain_rows(n: int, r: int, pieces: int) -> int:
+    """The chain's rows on rank r, in closed form (plans.chain's docstring)."""
+    if n == 1:
+        return 0
+    if n == 2:
+        return pieces + 1
+    if r == 0:  # slot A: partials out at ticks 0 .. P-1, finished in at N-1 ..; slot B: P
+        return min(n + pieces - 1, 2 * pieces) + pieces
+    if r == n - 1:
+        return pieces + 1
+    return 2 * pieces + (2 if r < n - 2 else 1)
+
+
+@pytest.mark.parametrize("pieces", [1, 2, 3, 7, 13])
+@pytest.mark.parametrize("nranks", range(1, 10))
+def test_chain_folds_in_rank_order_on_every_rank(nranks, pieces):
+    """Every element on every rank is ((x0 op x1) op x2) ... op x(N-1), the partial
+    always the left operand; rows and bytes as the closed form says."""
+    count = 41
+    sim = plans.simulate("chain", nranks, count, 8, pieces=pieces)
+    left = functools.reduce(lambda acc, x: (acc, x), range(nranks))
+    assert all(e == left for result in sim.results for e in result)
+    steps = [plans.plan("chain", nranks, r, count, pieces=pieces).steps for r in range(nranks)]
+    assert steps == [_chain_rows(nranks, r, pieces) for r in range(nranks)]
+    sends = [0 if nranks == 1 else 2 if r <= nranks - 3 else 1 for r in range(nranks)]
+    assert sim.bytes_sent == [8 * count * k for k in sends]
+    assert sim.messages == [pieces * k for k in sends]
+
+
+@pytest.mark.parametrize("nranks", range(2, 8))
+def test_chain_rows_reduce_only_pieces_they_do_not_send(nranks):
+    """A row never sends the elements it reduces or stores (the engine would have to
+    wait for the send first), only the last rank's reduce is FINAL, and every reduce
+    takes the received partial first."""
+    count = 30
+    for r in range(nranks):
+        for row in plans.plan("chain", nranks, r, count, pieces=5).table:
+            if row[plans.SEND_TO] >= 0 and row[plans.RECV_FROM] >= 0:
+                s0, s1 = row[plans.SEND_OFF], row[plans.SEND_OFF] + row[plans.SEND_LEN]
+                r0, r1 = row[plans.RECV_OFF], row[plans.RECV_OFF] + row[plans.RECV_LEN]
+                assert s1 <= r0 or r1 <= s0, (r, row)
+            if row[plans.ACTION] & plans.REDUCE:
+                assert row[plans.ACTION] & plans.THEIRS_FIRST and row[plans.RECV_FROM] == r - 1
+                assert bool(row[plans.ACTION] & plans.FINAL) == (r == nranks - 1)
+
+
+def test_chain_pieces():
+    # one piece for small buffers; more, never more than the elements, as bytes grow
+    assert plans.chain_pieces(4, 0, 4) == plans.chain_pieces(4, 1, 4) == 1
+    assert plans.chain_pieces(2, 3, 1 << 30) == 3
+    assert plans.chain_pieces(2, (64 << 20) // 4, 4) == 64 << 20 >> 22  # 4 MiB at most
+    sizes = [plans.chain_pieces(8, n, 4) for n in (1 << 10, 1 << 16, 1 << 20, 1 << 24)]
+    assert sizes == sorted(sizes) and sizes[0] == 1 < sizes[-1]

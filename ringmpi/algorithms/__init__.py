@@ -7,6 +7,10 @@ a 1-D C-contiguous array that receives the result; this rank's contribution is
 the communicator's :class:`~ringmpi._comm.Context`. Modules register
 themselves with :func:`register`; ``algorithm=`` and the CLI's ``-a`` look
 names up with :func:`lookup`.
+
+In reproducible mode (``ctx.reproducible``) a floating or complex reduction
+must be folded in communicator rank order: :data:`KEEP_ORDER` lists the
+algorithms that do, and :func:`choose` keeps to them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from .. import _engine, _settings, tuning
 from .._comm import Context
 from ..kernels import Reduction
 
-__all__ = ["Algorithm", "choose", "lookup", "names", "register"]
+__all__ = ["KEEP_ORDER", "Algorithm", "choose", "lookup", "names", "order_matters", "register"]
+
+# The algorithms whose result is the left fold in communicator rank order, bitwise:
+# the chain, and shared_memory (every rank folds the slots in local-rank order, and
+# its node is the whole communicator, split with the rank as key: the same order).
+KEEP_ORDER = ("chain", "shared_memory")
 
 AlgorithmFn = Callable[[np.ndarray, Reduction, Context, "np.ndarray | None"], None]
 
@@ -68,21 +77,45 @@ def lookup(name: str) -> str:
     return name
 
 
-def choose(name: str, nbytes: int, ctx: Context) -> Algorithm:
-    """The algorithm a call runs: ``auto`` is resolved here.
+def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None) -> Algorithm:
+    """The algorithm a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     ``RINGMPI_ALGORITHM`` overrides auto. Auto chooses among ringmpi's own
     algorithms the one the cost model (:mod:`ringmpi.tuning`) predicts fastest
     for this size, rank count and node layout; the choice is kept per
     communicator and size, so it costs one lookup after the first call.
+
+    Where the reduction order matters (``ctx.reproducible`` and a floating or
+    complex ``red``; None counts as one) auto chooses among :data:`KEEP_ORDER`,
+    and a named algorithm outside it raises ValueError, before any message.
     """
+    ordered = ctx.reproducible and (red is None or order_matters(red))
     if name != "auto":
-        return _REGISTRY[name]
+        return _keeps_order(_REGISTRY[name], ordered, red, "algorithm")
     settings = _settings.snapshot(_AUTO_SETTINGS)
     if settings[0] and _settings.get("RINGMPI_ALGORITHM") != "auto":
-        return _REGISTRY[lookup(_settings.get("RINGMPI_ALGORITHM"))]
-    found = ctx.chosen.get((nbytes, settings))
-    return _REGISTRY[found if found is not None else _auto(nbytes, ctx, settings)]
+        found = _REGISTRY[lookup(_settings.get("RINGMPI_ALGORITHM"))]
+        return _keeps_order(found, ordered, red, "RINGMPI_ALGORITHM")
+    found = ctx.chosen.get((nbytes, settings, ordered))
+    return _REGISTRY[found if found is not None else _auto(nbytes, ctx, settings, ordered)]
+
+
+def order_matters(red: Reduction) -> bool:
+    """Whether the order of reduction can change the bits of ``red``'s result: for
+    floating and complex dtypes, every op (MAX and MIN too, on -0.0 and NaN).
+    Integer and bool arithmetic wraps exactly: any order gives the same bits."""
+    return red.dtype.kind in "fc"
+
+
+def _keeps_order(algo: Algorithm, ordered: bool, red: Reduction | None, where: str) -> Algorithm:
+    if not ordered or algo.name in KEEP_ORDER:
+        return algo
+    what = red.describe() if red is not None else "this reduction"
+    raise ValueError(
+        f"{where}: {algo.name!r} cannot keep the rank order that reproducible mode needs "
+        f"for {what}; algorithms that do: auto, {', '.join(KEEP_ORDER)} (shared_memory on "
+        "one node only)"
+    )
 
 
 # What auto's choice depends on besides the size: read together, they key its cache.
@@ -90,17 +123,21 @@ _AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE
                   "RINGMPI_NODE_PLACEMENT")  # fmt: skip
 
 
-def _auto(nbytes: int, ctx: Context, settings: tuple) -> str:
+def _auto(nbytes: int, ctx: Context, settings: tuple, ordered: bool) -> str:
     nodes, per_node = hierarchical.node_shape(ctx, *hierarchical.node_settings())
     costs = tuning.load(per_node)
-    # Where ranks crowd the cores (8 or more per core) every node synchronisation of
-    # the hierarchical algorithm polls and sleeps: the model's constants do not hold
-    # there, and the algorithms that only exchange messages are kept.
-    candidates = [a for a in usable(ctx) if a != "hierarchical" or not ctx.sleepy]
+    if ordered:
+        one_node = ctx.node.Get_size() == ctx.size
+        candidates = [a for a in KEEP_ORDER if a != "shared_memory" or one_node]
+    else:
+        # Where ranks crowd the cores (8 or more per core) every node synchronisation of
+        # the hierarchical algorithm polls and sleeps: the model's constants do not hold
+        # there, and the algorithms that only exchange messages are kept.
+        candidates = [a for a in usable(ctx) if a != "hierarchical" or not ctx.sleepy]
     found = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, candidates)
     if len(ctx.chosen) >= _CHOICES_KEPT:
         ctx.chosen.clear()
-    ctx.chosen[(nbytes, settings)] = found
+    ctx.chosen[(nbytes, settings, ordered)] = found
     return found
 
 
@@ -129,4 +166,4 @@ def get(name: str) -> Algorithm:
 
 
 # Importing the modules registers them.
-from . import hierarchical, latency, mpi, ring, shared  # noqa: E402, F401
+from . import chain, hierarchical, latency, mpi, ring, shared  # noqa: E402, F401

@@ -4,6 +4,7 @@ that turns an uncaught error on one rank into the end of the whole job."""
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -17,7 +18,7 @@ class RingMPIError(RuntimeError):
     fit, a rank that made no progress within the timeout."""
 
 
-def abort_on_error(comm: Any = None, code: int = 1) -> None:
+def abort_on_error(comm: Any = None, code: int = 1, grace: float = 0.5) -> None:
     """Make an uncaught exception on this rank end the whole job: print it (one write,
     naming this rank) and call MPI_Abort on ``comm`` (default: COMM_WORLD).
 
@@ -26,6 +27,11 @@ def abort_on_error(comm: Any = None, code: int = 1) -> None:
     mpi4py script.py`` installs the same behaviour for a whole script; this is the
     call for a program that cannot change how it is started. Call it once, early, on
     every rank; it replaces ``sys.excepthook``.
+
+    It waits ``grace`` seconds between printing and aborting, so that the other
+    ranks that fail at about the same time (after a timeout, every rank that
+    waited) print theirs too: the first rank to give up is not always one that
+    waited for the culprit itself.
     """
     target = MPI.COMM_WORLD if comm is None else comm
 
@@ -36,6 +42,7 @@ def abort_on_error(comm: Any = None, code: int = 1) -> None:
             f"ringmpi: rank {MPI.COMM_WORLD.Get_rank()} failed, aborting the job:\n{text}"
         )
         sys.stderr.flush()
+        time.sleep(grace)
         target.Abort(code)
 
     sys.excepthook = hook

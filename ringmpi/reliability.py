@@ -1,0 +1,167 @@
+"""Faults, run for real: a rank killed, a rank that raises, a rank that never arrives.
+
+``python -m ringmpi.reliability`` launches each case under ``mpirun`` (one job
+per algorithm and fault), measures how long the job takes to end after the
+fault and whether its output names the culprit, and prints the table of
+docs/reliability.md (``--write FILE`` replaces the table between the file's
+markers). tests/test_faults.py runs the same cases and asserts on them.
+
+Each job (``python -m ringmpi._fault_job ALGORITHM FAULT CULPRIT``) calls
+:func:`ringmpi.abort_on_error` and runs all-reduces of 8 MiB in a loop with
+``RINGMPI_TIMEOUT`` set; the culprit rank, after the first call,
+
+- ``kill``: sends itself SIGKILL 0.2 s into its next call (mid-collective):
+  nothing of ringmpi runs in a killed process, and the launcher ends the job
+  (MPICH's names a killed process, not necessarily the culprit; Open MPI's
+  names its rank);
+- ``raise``: raises an exception instead of calling;
+- ``sleep``: sleeps instead of calling (a rank that never arrives).
+
+Every rank first prints ``rank R pid P``, and the culprit ``fault F at T``
+(T: wall-clock seconds), so that the outcome can be checked: the launcher's
+report of a killed process names its PID (MPICH's) or rank (Open MPI's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["ALGORITHMS", "FAULTS", "Outcome", "launch", "main"]
+
+FAULTS = ("kill", "raise", "sleep")
+# Each algorithm with the settings that make it run its own code path at 4 ranks:
+# hierarchical on two emulated nodes of 2 (node barriers and rails) and on one node.
+ALGORITHMS: dict[str, tuple[str, dict[str, str]]] = {
+    "ring": ("ring", {}),
+    "recursive_doubling": ("recursive_doubling", {}),
+    "rabenseifner": ("rabenseifner", {}),
+    "hierarchical (2 nodes of 2)": ("hierarchical", {"RINGMPI_RANKS_PER_NODE": "2"}),
+    "hierarchical (1 node)": ("hierarchical", {}),
+    "shared_memory": ("shared_memory", {}),
+    "mpi": ("mpi", {}),
+}
+RANKS = 4
+CULPRIT = 1
+TIMEOUT = 3.0  # RINGMPI_TIMEOUT of the jobs, seconds
+_LIMIT = 180.0  # a job still running this long after the fault has hung
+
+
+@dataclass
+class Outcome:
+    """What a fault job did."""
+
+    case: str
+    fault: str
+    returncode: int | None  # None: it had to be killed (it hung)
+    seconds: float  # from the fault to the end of the job
+    named: bool  # the output names the culprit (its rank, or its PID for a kill)
+    message: str  # the line that names it (or, for a kill, reports one), or the output's end
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode not in (0, None) and (self.named or self.fault == "kill")
+
+
+def mpirun() -> list[str]:
+    """The launcher beside this interpreter (or on PATH), with Open MPI's flags."""
+    here = Path(sys.executable).parent / "mpirun"
+    exe = str(here) if here.exists() else shutil.which("mpirun")
+    if exe is None:
+        raise FileNotFoundError("no mpirun beside the interpreter or on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    version = version.stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        return [exe, "--allow-run-as-root", "--oversubscribe"]
+    return [exe]
+
+
+def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
+    """Run one fault job of ``case`` (a key of :data:`ALGORITHMS`) and judge it."""
+    algorithm, settings = ALGORITHMS[case]
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TIMEOUT": repr(timeout), **settings}
+    cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", "ringmpi._fault_job",
+           algorithm, fault, str(CULPRIT)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=_LIMIT + 60)
+        code: int | None = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        code = None
+    ended = time.time()
+    at = re.search(r"^fault \w+ at ([0-9.]+)$", out, re.M)
+    seconds = ended - float(at.group(1)) if at else float("nan")
+    pid = re.search(rf"^rank {CULPRIT} pid (\d+)$", out, re.M)
+    if fault == "kill":  # only the launcher can report a killed process
+        said = rf".*(\bPID {pid.group(1) if pid else '-'}\b|process rank {CULPRIT}\b).*"
+        if not re.search(said, out, re.M):
+            said = r".*([Ss]ignal 9|Killed|KILLED).*"
+    elif fault == "raise":
+        said = rf"ringmpi: rank {CULPRIT} failed.*"
+    elif algorithm == "mpi":  # MPI_Iallreduce cannot say whom it waits for
+        said = r".*RingMPIError: .*MPI does not say which.*"
+    else:
+        said = rf".*RingMPIError: .* for rank {CULPRIT}\b.*"
+    found = re.search(said, out, re.M)
+    message = found.group(0).strip() if found else out.strip()[-300:]
+    return Outcome(case, fault, code, seconds, found is not None, message)
+
+
+# The table of docs/reliability.md lies between these lines.
+BEGIN, END = "<!-- faults: begin -->", "<!-- faults: end -->"
+
+
+def table(outcomes: list[Outcome], timeout: float) -> str:
+    lines = [
+        f"| algorithm | fault | exit status | job ended after the fault | culprit named | "
+        f"message (RINGMPI_TIMEOUT={timeout:g}) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        status = "hung (killed)" if o.returncode is None else str(o.returncode)
+        shown = o.message.replace("|", "\\|")
+        if len(shown) > 160:
+            shown = shown[:157] + "..."
+        lines.append(f"| {o.case} | {o.fault} | {status} | {o.seconds:.1f} s | "
+                     f"{'yes' if o.named else 'NO'} | `{shown}` |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ringmpi.reliability", description=__doc__)
+    p.add_argument("--write", metavar="FILE", help="replace the table in FILE (between markers)")
+    p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"RINGMPI_TIMEOUT ({TIMEOUT})")
+    args = p.parse_args(argv)
+    outcomes = []
+    for case in ALGORITHMS:
+        for fault in FAULTS:
+            outcomes.append(launch(case, fault, args.timeout))
+            o = outcomes[-1]
+            print(f"# {case} {fault}: exit {o.returncode}, {o.seconds:.1f} s, named {o.named}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+    text = table(outcomes, args.timeout)
+    stamp = (f"Measured {time.strftime('%Y-%m-%d')}, {RANKS} ranks, culprit rank {CULPRIT}, "
+             f"with `python -m ringmpi.reliability`.")  # fmt: skip
+    if args.write:
+        path = Path(args.write)
+        doc = path.read_text()
+        head, _, rest = doc.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        path.write_text(f"{head}{BEGIN}\n{stamp}\n\n{text}\n{END}{tail}")
+    print(text)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,7 @@ import ringmpi
 from . import _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
 from ._errors import abort_on_error
-from ._settings import seconds
+from ._settings import flag, seconds
 from .algorithms.hierarchical import STORES, layout, node_settings
 from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
 
@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
             raw = name == RAW
-            chosen = RAW if raw else algorithms.choose(variants[name][0], nbytes, ctx).name
+            ctx.reproducible = flag("RINGMPI_REPRODUCIBLE")  # as the call will see it
+            chosen = RAW if raw else algorithms.choose(variants[name][0], nbytes, ctx, red).name
             ctx.barrier()
             t0 = time.perf_counter()
             with _trace.trace() as t:

@@ -20,7 +20,9 @@ from ._errors import RingMPIError
 from ._settings import choice
 from .kernels import Reduction, decode_tag
 
-__all__ = ["Context", "check_comm", "complete", "context", "sleepy_barrier", "timed_out"]
+__all__ = [
+    "Context", "check_comm", "complete", "context", "differences", "sleepy_barrier", "timed_out",
+]  # fmt: skip
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI.
 # Measured (docs/performance.md, 8-byte ring in the step engine on 2 cores):
@@ -93,8 +95,9 @@ class Context:
         return found
 
     def break_off(self, why: str) -> None:
-        """Refuse every later call on this communicator: ``why`` (a timeout) may have
-        left this call's messages in flight, which a later call could receive."""
+        """Refuse every later call on this communicator: ``why`` (a timeout, a rank
+        that disagrees) may have left this call's messages in flight, which a later
+        call could receive. The duplicate is then kept, never freed (see free)."""
         self.broken = (
             f"ringmpi no longer uses this communicator: an earlier call failed ({why}); "
             "its messages may still arrive. Free the communicator and use a new one "
@@ -127,7 +130,9 @@ class Context:
         self.extra.clear()
         if self.node != MPI.COMM_NULL:
             self.node.Free()
-        if self.comm != MPI.COMM_NULL:
+        # A broken-off duplicate is never freed: MPI may give its context to a new
+        # communicator, whose receives could then match the failed call's messages.
+        if self.comm != MPI.COMM_NULL and self.broken is None:
             self.comm.Free()
         self._scratch = np.empty(0, np.uint8)
 
@@ -137,6 +142,20 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
     req = comm.Ibarrier()
     while not req.Test():
         time.sleep(0.002)
+
+
+def differences(their_count: int, my_count: int, their_tag: int, my_tag: int) -> str:
+    """What two ranks' calls differ in: "count: 3 there, 4 here; op: ..." (tags are
+    reductions' (op, dtype) codes)."""
+    said = []
+    if their_count != my_count:
+        said.append(f"count: {their_count} there, {my_count} here")
+    (their_op, their_dt), (my_op, my_dt) = decode_tag(their_tag), decode_tag(my_tag)
+    if their_op != my_op:
+        said.append(f"op: {their_op} there, {my_op} here")
+    if their_dt != my_dt:
+        said.append(f"dtype: {their_dt} there, {my_dt} here")
+    return "; ".join(said)
 
 
 _EVERYONE = "the other ranks to arrive (a barrier: MPI does not say which rank is missing)"

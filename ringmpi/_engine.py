@@ -465,6 +465,8 @@ def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) 
 def _raise(
     err, plan: Plan, work: np.ndarray, ctx, tag: int, algorithm: str, prefix: str, peers
 ) -> None:
+    """Raise the RingMPIError ``err`` reports. The communicator is broken off first:
+    the other ranks may still be sending this call's messages."""
     what, row = int(err[0]), int(err[1])
     r = plan.table[row]
     where = (
@@ -478,21 +480,17 @@ def _raise(
         raise timed_out(ctx, where, f"rank {other} to take its message" if err[3]
                         else f"rank {other}'s message")  # fmt: skip
     if what == _WRONG_COUNT:
-        raise RingMPIError(
-            f"{where}: rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "
-            f"ranks disagree on count or dtype"
-        )
-    if what == _WRONG_TAG:
-        raise RingMPIError(
-            f"{where}: message from rank {peer}: " + ctx.disagreement(int(err[2]), tag)
-        )
-    code = int(err[2])
-    if MPI.Get_error_class(code) in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-        raise RingMPIError(
-            f"{where}: rank {peer} sent more than the {expected} bytes expected; "
-            "ranks disagree on count or dtype"
-        )
-    raise RingMPIError(f"{where}: MPI error: {MPI.Get_error_string(code)}")
+        said = (f"rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "
+                "ranks disagree on count or dtype")  # fmt: skip
+    elif what == _WRONG_TAG:
+        said = f"message from rank {peer}: " + ctx.disagreement(int(err[2]), tag)
+    elif MPI.Get_error_class(int(err[2])) in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+        said = (f"rank {peer} sent more than the {expected} bytes expected; "
+                "ranks disagree on count or dtype")  # fmt: skip
+    else:
+        said = f"MPI error: {MPI.Get_error_string(int(err[2]))}"
+    ctx.break_off(f"{where}: {said}")
+    raise RingMPIError(f"{where}: {said}")
 
 
 def lane_kinds(red: Reduction | None) -> set[np.dtype]:

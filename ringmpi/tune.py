@@ -24,8 +24,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, tuning
-from ._cli import _abort_on_exception, _size
+from ._cli import _size
 from ._comm import context
+from ._errors import abort_on_error
 from .algorithms.hierarchical import layout, node_settings
 from .kernels import reduction
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--iters", type=int, default=20, help="calls per size (at most)")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per size (about)")
     comm = MPI.COMM_WORLD
-    _abort_on_exception(comm)
+    abort_on_error(comm)
     args = parser.parse_args(argv)
     sizes, s = [], args.minbytes
     while s <= args.maxbytes:

@@ -727,14 +727,17 @@ UNVALIDATED = {
 @pytest.mark.parametrize(
     "algorithm", ["ring", "recursive_doubling", "rabenseifner", "shared_memory"]
 )
-def test_detects_disagreement_without_validation(waiting, what, in_place, policy, algorithm):
+def test_detects_disagreement_without_validation(monkeypatch, what, in_place, policy, algorithm):
     # The latency algorithms' fold makes a folded rank send and then wait for a
     # partner that may have raised: only where no rank folds (N a power of two)
-    # does every rank notice at its first step (a timeout is what ends the rest).
-    # shared_memory: every rank reads every slot's header, so all notice.
+    # does every rank notice at its first step (a timeout is what ends the rest:
+    # test_disagreement_never_returns_a_result). shared_memory: every rank reads
+    # every slot's header, so all notice.
     if algorithm in ("recursive_doubling", "rabenseifner") and SIZE & (SIZE - 1):
         pytest.skip("the latency algorithms fold ranks at this N")
-    comm = waiting[policy]
+    monkeypatch.setenv("RINGMPI_WAIT", policy)
+    comm = WORLD.Dup()  # a failed call breaks its communicator off: a fresh one per test
+    ringmpi._comm.context(comm)  # made now, under this policy
     count, op, words = UNVALIDATED[what]
     memory = np.full(count + 64, SENTINEL, np.int32)
     recv = memory[:count]
@@ -752,10 +755,76 @@ def test_detects_disagreement_without_validation(waiting, what, in_place, policy
     )
     problems = says(message, words)  # each rank names its own step: messages differ
     problems += mismatch("memory past recvbuf", memory[count:], np.full(64, SENTINEL, np.int32))
-    # Every message of the failed call was consumed: the next call is unaffected.
-    after = ringmpi.allreduce(inputs(1009), comm=comm, algorithm=algorithm)
-    problems += mismatch("the next call", after, expected(1009))
+    # The step engine breaks the communicator off (messages may be in flight): every
+    # later call on it raises, on every rank. shared_memory's ranks all stop at the
+    # same flag, with nothing in flight: its next call just works.
+    after = raised(ringmpi.RingMPIError, ringmpi.allreduce, inputs(1009), comm=comm,
+                   algorithm=algorithm)  # fmt: skip
+    if algorithm == "shared_memory":
+        problems += [] if after is None else [f"the next call raised: {after}"]
+    else:
+        problems += says(after, "no longer uses this communicator")
+    comm.Free()
+    again = WORLD.Dup()
+    problems += mismatch("a call on a new communicator", ringmpi.allreduce(
+        inputs(1009), comm=again, algorithm=algorithm), expected(1009))  # fmt: skip
+    again.Free()
     agree(WORLD, problems)
+
+
+# The algorithms where some ranks cannot notice the disagreement themselves: the
+# latency algorithms' folded ranks (N not a power of two), the chain (only the rank
+# after the odd one sees its message), the hierarchical algorithm (its node
+# announcement and, across emulated nodes, its rails). With a timeout every rank
+# raises, either the disagreement or the timeout of waiting for a rank that raised.
+TIMED_CASES = {
+    "recursive_doubling": {},
+    "rabenseifner": {},
+    "chain": {},
+    "hierarchical": {},
+    "hierarchical-2-per-node": {"RINGMPI_RANKS_PER_NODE": "2"},
+}
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("what", UNVALIDATED.keys())
+@pytest.mark.parametrize("case", TIMED_CASES.keys())
+def test_disagreement_never_returns_a_result(monkeypatch, what, case):
+    for key, value in TIMED_CASES[case].items():
+        monkeypatch.setenv(key, value)
+    algorithm = case.split("-")[0]
+    comm = WORLD.Dup()  # a timeout breaks the communicator off: a fresh one per test
+    ringmpi.allreduce(inputs(1009), comm=comm, algorithm=algorithm)  # set up, windows made
+    count, op, words = UNVALIDATED[what]
+    memory = np.full(count + 64, SENTINEL, np.int32)
+    recv = memory[:count]
+    recv[...] = 1
+    message = raised(ringmpi.RingMPIError, ringmpi.Allreduce, np.ones(count, np.int32), recv,
+                     op, comm, algorithm=algorithm, validate=False, timeout=1.0)  # fmt: skip
+    problems = [] if message is not None else ["returned instead of raising"]
+    problems += mismatch("memory past recvbuf", memory[count:], np.full(64, SENTINEL, np.int32))
+    everyone = WORLD.allgather(message)
+    if not any(words in m for m in everyone if m):
+        problems.append(f"no rank says {words!r}: {everyone}")
+    for m in everyone:
+        if m and words not in m and "(timeout)" not in m:
+            problems.append(f"neither the disagreement nor a timeout: {m!r}")
+    comm.Free()
+    # The job goes on, on another communicator.
+    again = WORLD.Dup()
+    problems += mismatch("the next call", ringmpi.allreduce(inputs(1009), comm=again,
+                         algorithm=algorithm), expected(1009))  # fmt: skip
+    again.Free()
+    agree(WORLD, problems)
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("field_name", ["count", "dtype", "op"])
+@pytest.mark.parametrize("algorithm", sorted(set(ringmpi.algorithms.names()) - {"auto"}))
+def test_validate_catches_every_algorithm(field_name, algorithm):
+    fields = {**DISAGREE[field_name], "algorithm": algorithm}
+    message = raised(ringmpi.RingMPIError, _call, **fields, validate=True)
+    agree(WORLD, says(message, f"disagree on {field_name}") + same_everywhere("messages", message))
 
 
 # --- RINGMPI_ALGORITHM ----------------------------------------------------------------

@@ -64,7 +64,7 @@ from mpi4py import MPI
 
 from .. import _trace
 from .._capi import handle
-from .._comm import Context, complete, timed_out
+from .._comm import Context, complete, differences, timed_out
 from .._errors import RingMPIError
 from .._settings import choice, positive_int
 from .._shm import flag_barrier, node_window
@@ -236,6 +236,14 @@ def _late(ctx: Context, lay: Layout, late: int, step: str) -> RingMPIError:
                      "node's barrier")  # fmt: skip
 
 
+def _disagree(ctx: Context, lay: Layout, red: Reduction, count: int, odd: int, their_count: int,
+              their_tag: int) -> RingMPIError:  # fmt: skip
+    """The error of a call whose local rank ``odd`` announced another count or tag."""
+    said = differences(their_count, count, their_tag, red.tag)
+    return RingMPIError(f"rank {ctx.rank}: hierarchical: rank {lay.local_ranks[odd]} of its "
+                        f"node: ranks disagree on {said}")  # fmt: skip
+
+
 def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
     # Every rank of the node asks for the same size (same count, dtype and piece),
     # so they agree on when to reallocate; the window only grows.
@@ -254,7 +262,28 @@ def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
 _RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN, _SLEEPY, _ISZ = (
     range(13)
 )
-_TIMEOUT, _LATE, _STEP, _NPARAMS = 13, 14, 15, 16  # the timeout (ns); what a timeout reports
+# The timeout (ns), what a timeout reports (the late local rank and the step), the
+# call's count and tag, what a disagreement reports (local rank, its count, its tag).
+_TIMEOUT, _LATE, _STEP, _COUNT, _TAG, _ODD, _ODD_COUNT, _ODD_TAG, _NPARAMS = range(13, 22)
+# Cells of a rank's flag line: the barrier count, then the call's (count, tag).
+_ANNOUNCED = 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _announce(flags, rank, count, tag):
+    """Put this call's (count, tag) in this rank's flag line, before the first barrier."""
+    flags[rank * _FLAG_CELLS + _ANNOUNCED] = count
+    flags[rank * _FLAG_CELLS + _ANNOUNCED + 1] = tag
+
+
+@numba.njit(cache=True, nogil=True)
+def _odd_one(flags, size, count, tag):
+    """After the first barrier: the first local rank whose call differs, or -1."""
+    for r in range(size):
+        at = r * _FLAG_CELLS + _ANNOUNCED
+        if flags[at] != count or flags[at + 1] != tag:
+            return r
+    return -1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -285,6 +314,8 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
     win, sleepy, isz, timeout = params[_WIN], params[_SLEEPY] != 0, params[_ISZ], params[_TIMEOUT]
     params[_LATE] = -1
+    params[_ODD] = -1
+    _announce(flags, rank, params[_COUNT], params[_TAG])
     me = rank * stride
     for t in range(pieces + 2):
         if t < pieces:  # publish piece t: this rank's part of the slices others own
@@ -321,6 +352,16 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
             if late >= 0:  # the local rank that did not reach step t
                 params[_LATE], params[_STEP] = late, t
                 return
+            if t == 0:  # every rank sees every announcement: all stop here alike
+                odd = _odd_one(flags, nl, params[_COUNT], params[_TAG])
+                if odd >= 0:
+                    at = odd * _FLAG_CELLS + _ANNOUNCED
+                    params[_ODD], params[_ODD_COUNT], params[_ODD_TAG] = (
+                        odd,
+                        flags[at],
+                        flags[at + 1],
+                    )
+                    return
 
 
 def warm(kinds) -> None:
@@ -371,6 +412,7 @@ def hierarchical_allreduce(
             _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
         return
     go = _Pieces(work, src, red, lay, win, bounds, per, sets, way == "streaming")
+    _announce(win.flags, lay.local_rank, work.size, red.tag)
     # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
     # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
     # out piece t - 2, with one node synchronisation per step. Every pass is thus
@@ -385,6 +427,11 @@ def hierarchical_allreduce(
             go.fold(t - 1)
         if t < pieces:
             win.sync(ctx, lay, f"publish and fold step {t}")
+        if t == 0:  # every rank sees every announcement: all stop here alike
+            odd = _odd_one(win.flags, lay.local_size, work.size, red.tag)
+            if odd >= 0:
+                at = odd * _FLAG_CELLS + _ANNOUNCED
+                raise _disagree(ctx, lay, red, work.size, odd, *win.flags[at : at + 2].tolist())
     # AVG sums across nodes and divides once, by the slice's owner.
     across = reduction(MPI.SUM, dt) if red.name == "avg" else red
     for j in lay.owned:
@@ -448,6 +495,7 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
                      lay.slices, per * w, sets, pieces, red.code, int(streaming),
                      int(_streams_out(work.nbytes)), win.handle,
                      int(win.sleepy), ld.itemsize, round(ctx.timeout * 1e9))  # fmt: skip
+        params[_COUNT], params[_TAG] = work.size, red.tag
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -462,6 +510,8 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
               params)  # fmt: skip
     if params.item(_LATE) >= 0:
         raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}")
+    if params.item(_ODD) >= 0:
+        raise _disagree(ctx, lay, red, work.size, *params[_ODD:_NPARAMS].tolist())
 
 
 _CALLS_KEPT = 64

@@ -85,6 +85,9 @@ _OK, _MPI_ERROR, _WRONG_COUNT, _WRONG_TAG, _TIMED_OUT = 0, 1, 2, 3, 4
 # What _wait returns for a request that did not complete in time (MPI error
 # codes are >= 0).
 _LATE = -1
+# Polls of MPI_Test before a waiting rank yields its core between polls (as the
+# node's flag waits do: ringmpi._shm).
+_SPINS = 100
 
 _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
@@ -101,9 +104,12 @@ def _wait(request, status, flag, sleepy, timeout):
         e = mpi_test(request, flag.ctypes.data, status)
         if e != 0 or flag[0] != 0:
             return e
-        if sleepy:
-            sched_yield()
         polls += 1
+        # Polling never gives the core away as MPI_Wait's spin may: after a few
+        # microseconds, yield between polls, so that the rank waited for can run
+        # where ranks outnumber cores.
+        if sleepy or polls > _SPINS:
+            sched_yield()
         if timeout > 0 and (polls & 255) == 0 and monotonic_ns() - start > timeout:
             return _LATE
 

@@ -6,7 +6,7 @@ fault and whether its output names the culprit, and prints the table of
 docs/reliability.md (``--write FILE`` replaces the table between the file's
 markers). tests/test_faults.py runs the same cases and asserts on them.
 
-Each job (``python -m ringmpi._fault_job ALGORITHM FAULT CULPRIT``) calls
+Each job (``python -m ringmpi._reliability_job ALGORITHM FAULT CULPRIT``) calls
 :func:`ringmpi.abort_on_error` and runs all-reduces of 8 MiB in a loop with
 ``RINGMPI_TIMEOUT`` set; the culprit rank, after the first call,
 
@@ -25,6 +25,7 @@ report of a killed process names its PID (MPICH's) or rank (Open MPI's).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -88,8 +89,8 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     """Run one fault job of ``case`` (a key of :data:`ALGORITHMS`) and judge it."""
     algorithm, settings = ALGORITHMS[case]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TIMEOUT": repr(timeout), **settings}
-    cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", "ringmpi._fault_job",
-           algorithm, fault, str(CULPRIT)]  # fmt: skip
+    cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", "ringmpi._reliability_job",
+           "fault", algorithm, fault, str(CULPRIT)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
     try:
@@ -118,11 +119,20 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     return Outcome(case, fault, code, seconds, found is not None, message)
 
 
-# The table of docs/reliability.md lies between these lines.
-BEGIN, END = "<!-- faults: begin -->", "<!-- faults: end -->"
+def measured(nranks: int = 3) -> list[dict]:
+    """The mismatch, stress and overhead cases (one job of ``nranks`` ranks): one
+    dict per case, as the job's rank 0 printed them."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    cmd = [*mpirun(), "-n", str(nranks), sys.executable, "-m", "ringmpi._reliability_job",
+           "measure"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
+                          check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"the measuring job failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
 
 
-def table(outcomes: list[Outcome], timeout: float) -> str:
+def fault_table(outcomes: list[Outcome], timeout: float) -> str:
     lines = [
         f"| algorithm | fault | exit status | job ended after the fault | culprit named | "
         f"message (RINGMPI_TIMEOUT={timeout:g}) |",
@@ -133,14 +143,66 @@ def table(outcomes: list[Outcome], timeout: float) -> str:
         shown = o.message.replace("|", "\\|")
         if len(shown) > 160:
             shown = shown[:157] + "..."
-        lines.append(f"| {o.case} | {o.fault} | {status} | {o.seconds:.1f} s | "
-                     f"{'yes' if o.named else 'NO'} | `{shown}` |")  # fmt: skip
+        named = "yes" if o.named else "launcher's report" if o.fault == "kill" else "NO"
+        lines.append(f"| {o.case} | {o.fault} | {status} | {o.seconds:.1f} s | {named} | "
+                     f"`{shown}` |")  # fmt: skip
     return "\n".join(lines)
+
+
+def mismatch_table(rows: list[dict]) -> str:
+    lines = [
+        "| algorithm | rank 1 differs in | validate | returned a result | raised: the "
+        "disagreement | raised: timeout | memory past recvbuf | slowest rank |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        other = f" (other: {r['other']})" if r["other"] else ""
+        lines.append(
+            f"| {r['algorithm']} | {r['field']} | {'on' if r['validate'] else 'off'} | "
+            f"{r['returned']} of {r['ranks']} | {r['disagreement']}{other} | {r['timeout']} | "
+            f"{'intact' if r['intact'] else 'WRITTEN'} | {r['seconds']:.2f} s |"
+        )
+    return "\n".join(lines)
+
+
+def stress_table(rows: list[dict]) -> str:
+    lines = ["| case | algorithm | ranks | outcome |", "|---|---|---|---|"]
+    for r in rows:
+        if r["family"] == "tiny":
+            said = (f"{r['calls']:,} calls of 8 B: resident memory grew {r['rss_growth_kib']} KiB "
+                    f"(largest over the ranks), {r['us_per_call']:.1f} us a call, "
+                    f"result {'right' if r['right'] else 'WRONG'}")  # fmt: skip
+            lines.append(f"| many tiny calls | {r['algorithm']} | {r['ranks']} | {said} |")
+        elif r["family"] == "interleaved":
+            lines.append(f"| two communicators called in turn ({r['rounds']} rounds each) | auto "
+                         f"| {r['ranks']} | {r['wrong']} wrong elements |")  # fmt: skip
+        elif r["family"] == "user":
+            said = (
+                "the user's receive got the user's message" if r["right"] else "MATCHED ringmpi's"
+            )
+            lines.append(f"| an ANY_SOURCE/ANY_TAG receive of the user's across the call "
+                         f"| {r['algorithm']} | {r['ranks']} | {said} |")  # fmt: skip
+        elif r["family"] == "overhead":
+            ratio = r["us_timeout"] / r["us_none"]
+            lines.append(f"| an 8-byte call with a timeout set ({r['rounds']} rounds of "
+                         f"{r['calls']} calls, medians) | {r['algorithm']} | {r['ranks']} | "
+                         f"{r['us_none']:.2f} us without, {r['us_timeout']:.2f} us with "
+                         f"({ratio:.2f}x) |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _replace(doc: str, name: str, text: str) -> str:
+    begin, end = f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+    if begin not in doc or end not in doc:
+        raise ValueError(f"no {begin} ... {end} in the file")
+    head, _, rest = doc.partition(begin)
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{text}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ringmpi.reliability", description=__doc__)
-    p.add_argument("--write", metavar="FILE", help="replace the table in FILE (between markers)")
+    p.add_argument("--write", metavar="FILE", help="replace the tables in FILE (between markers)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"RINGMPI_TIMEOUT ({TIMEOUT})")
     args = p.parse_args(argv)
     outcomes = []
@@ -150,17 +212,26 @@ def main(argv: list[str] | None = None) -> int:
             o = outcomes[-1]
             print(f"# {case} {fault}: exit {o.returncode}, {o.seconds:.1f} s, named {o.named}",
                   file=sys.stderr, flush=True)  # fmt: skip
-    text = table(outcomes, args.timeout)
-    stamp = (f"Measured {time.strftime('%Y-%m-%d')}, {RANKS} ranks, culprit rank {CULPRIT}, "
-             f"with `python -m ringmpi.reliability`.")  # fmt: skip
+    rows = measured()
+    day = time.strftime("%Y-%m-%d")
+    tables = {
+        "faults": f"Measured {day}, {RANKS} ranks, culprit rank {CULPRIT}.\n\n"
+        + fault_table(outcomes, args.timeout),
+        "mismatch": f"Measured {day}, 3 ranks, timeout 2 s.\n\n"
+        + mismatch_table([r for r in rows if r["family"] == "mismatch"]),
+        "stress": f"Measured {day}.\n\n"
+        + stress_table([r for r in rows if r["family"] != "mismatch"]),
+    }
     if args.write:
         path = Path(args.write)
         doc = path.read_text()
-        head, _, rest = doc.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        path.write_text(f"{head}{BEGIN}\n{stamp}\n\n{text}\n{END}{tail}")
-    print(text)
-    return 0 if all(o.ok for o in outcomes) else 1
+        for name, text in tables.items():
+            doc = _replace(doc, name, text)
+        path.write_text(doc)
+    for text in tables.values():
+        print(text + "\n")
+    bad = [r for r in rows if r["family"] == "mismatch" and (r["returned"] or not r["intact"])]
+    return 0 if all(o.ok for o in outcomes) and not bad else 1
 
 
 if __name__ == "__main__":

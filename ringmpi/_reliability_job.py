@@ -1,0 +1,211 @@
+"""The MPI side of :mod:`ringmpi.reliability`, run under mpirun:
+
+- ``python -m ringmpi._reliability_job fault ALGORITHM FAULT CULPRIT``: one fault job;
+- ``python -m ringmpi._reliability_job measure``: the mismatch, stress and overhead
+  cases, measured; rank 0 prints one ``RESULT {json}`` line per case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import algorithms
+
+_COUNT = 1 << 20  # float64 elements per call: 8 MiB, long enough to be killed inside
+_LIMIT = 120.0  # seconds the other ranks go on calling after the fault
+
+WORLD = MPI.COMM_WORLD
+
+
+def fault(algorithm: str, kind: str, culprit: int) -> None:
+    """One rank of a fault job (see :mod:`ringmpi.reliability`)."""
+    ringmpi.abort_on_error()
+    print(f"rank {WORLD.rank} pid {os.getpid()}", flush=True)
+    x = np.ones(_COUNT)
+    ringmpi.allreduce(x, algorithm=algorithm)  # set-up done, caches warm
+    WORLD.Barrier()
+    if WORLD.rank == culprit:
+        print(f"fault {kind} at {time.time():.3f}", flush=True)
+        if kind == "kill":
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        elif kind == "raise":
+            raise RuntimeError(f"rank {WORLD.rank} raises on purpose")
+        elif kind == "sleep":
+            time.sleep(_LIMIT + 60)
+    start = time.monotonic()
+    while time.monotonic() - start < _LIMIT:
+        ringmpi.allreduce(x, algorithm=algorithm)
+    print(f"rank {WORLD.rank}: the job outlived the fault", flush=True)
+
+
+def _result(**row: object) -> None:
+    if WORLD.rank == 0:
+        print("RESULT " + json.dumps(row), flush=True)
+
+
+def _own() -> list[str]:
+    """Every registered algorithm, ringmpi's own first (the MPI baseline last)."""
+    return [a for a in algorithms.names() if a not in ("auto", "mpi")] + ["mpi"]
+
+
+# --- ranks that disagree ---------------------------------------------------------------
+
+# What rank 1 passes differently (the others pass count 1000, MPI.SUM, int32).
+_ODD = {
+    "count": (1003, MPI.SUM, np.int32),
+    "op": (1000, MPI.MAX, np.int32),
+    "dtype": (1000, MPI.SUM, np.float32),
+}
+_SENTINEL = -99
+
+
+def _disagree(algorithm: str, field: str, validate: bool, timeout: float) -> dict:
+    """One call where rank 1 differs on ``field``: what every rank did."""
+    count, op, dt = _ODD[field] if WORLD.rank == 1 else (1000, MPI.SUM, np.int32)
+    comm = WORLD.Dup()
+    ringmpi.allreduce(np.ones(16), comm=comm, algorithm=algorithm)  # set up first
+    memory = np.full(count + 64, _SENTINEL, dt)
+    recv = memory[:count]
+    recv[...] = 1
+    started = time.monotonic()
+    try:
+        ringmpi.Allreduce(np.ones(count, dt), recv, op, comm, algorithm=algorithm,
+                          validate=validate, timeout=timeout)  # fmt: skip
+        what = "returned"
+    except ringmpi.RingMPIError as exc:
+        text = str(exc)
+        what = "timeout" if "(timeout)" in text else "disagreement" if "disagree" in text else text
+    took = time.monotonic() - started
+    intact = bool((memory[count:] == _SENTINEL).all())
+    comm.Free()
+    rows = WORLD.gather((what, intact, took), root=0)
+    if WORLD.rank != 0:
+        return {}
+    kinds = [r[0] for r in rows]
+    return {
+        "returned": kinds.count("returned"),
+        "disagreement": kinds.count("disagreement"),
+        "timeout": kinds.count("timeout"),
+        "other": [k for k in kinds if k not in ("returned", "disagreement", "timeout")],
+        "intact": all(r[1] for r in rows),
+        "seconds": max(r[2] for r in rows),
+    }
+
+
+def mismatches(timeout: float) -> None:
+    for algorithm in _own():
+        for field in _ODD:
+            for validate in (True, False):
+                if not validate and algorithm == "mpi":
+                    continue  # an erroneous MPI program: what MPI_Allreduce does is MPI's
+                row = _disagree(algorithm, field, validate, timeout)
+                _result(family="mismatch", algorithm=algorithm, field=field,
+                        validate=validate, ranks=WORLD.size, **row)  # fmt: skip
+
+
+# --- many tiny calls, and what a timeout costs --------------------------------------------
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def tiny_calls(calls: int) -> None:
+    """MPICH's allredmany: ``calls`` 8-byte all-reduces back to back, per algorithm;
+    resident memory before and after (the largest growth over the ranks)."""
+    for algorithm in _own():
+        x = np.ones(1)
+        out = np.empty(1)
+        for _ in range(1000):  # warm: caches, plans, the repeat path
+            ringmpi.Allreduce(x, out, algorithm=algorithm)
+        before = _rss_kib()
+        started = time.perf_counter()
+        for _ in range(calls):
+            ringmpi.Allreduce(x, out, algorithm=algorithm)
+        took = time.perf_counter() - started
+        grew = WORLD.allreduce(_rss_kib() - before, op=MPI.MAX)
+        right = WORLD.allreduce(int(out[0] == WORLD.size), op=MPI.LAND)
+        _result(family="tiny", algorithm=algorithm, calls=calls, ranks=WORLD.size,
+                rss_growth_kib=grew, us_per_call=took / calls * 1e6, right=bool(right))  # fmt: skip
+
+
+def overhead(rounds: int, calls: int) -> None:
+    """An 8-byte call's time without and with a timeout, interleaved in rounds: the
+    median over rounds of each round's mean."""
+    x, out = np.ones(1), np.empty(1)
+    for algorithm in ("auto", "ring"):
+        times: dict[str, list[float]] = {"none": [], "timeout": []}
+        for _ in range(rounds):
+            for label, timeout in (("none", None), ("timeout", 60.0)):
+                for _ in range(calls // 10):
+                    ringmpi.Allreduce(x, out, algorithm=algorithm, timeout=timeout)
+                WORLD.Barrier()
+                started = time.perf_counter()
+                for _ in range(calls):
+                    ringmpi.Allreduce(x, out, algorithm=algorithm, timeout=timeout)
+                took = WORLD.allreduce(time.perf_counter() - started, op=MPI.MAX)
+                times[label].append(took / calls * 1e6)
+        none, timed = float(np.median(times["none"])), float(np.median(times["timeout"]))
+        _result(family="overhead", algorithm=algorithm, ranks=WORLD.size, us_none=none,
+                us_timeout=timed, rounds=rounds, calls=calls)  # fmt: skip
+
+
+def interleaved(rounds: int) -> None:
+    """Two communicators (a duplicate of WORLD and a split of it in halves), called in
+    turn; every result checked."""
+    halves = WORLD.Split(WORLD.rank % 2, WORLD.rank)
+    both = WORLD.Dup()
+    wrong = 0
+    for i in range(rounds):
+        for comm in (both, halves) if i % 2 else (halves, both):
+            got = ringmpi.allreduce(np.full(257, WORLD.rank + 1, np.int64), comm=comm)
+            members = comm.allgather(WORLD.rank + 1)
+            wrong += int((got != sum(members)).sum())
+    both.Free()
+    halves.Free()
+    _result(family="interleaved", rounds=rounds, ranks=WORLD.size,
+            wrong=WORLD.allreduce(wrong))  # fmt: skip
+
+
+def user_messages() -> None:
+    """A receive the user posted with ANY_SOURCE and ANY_TAG on the communicator,
+    across each algorithm's call: it must get the user's message, never ringmpi's."""
+    for algorithm in _own():
+        got = np.full(1, -1, np.int64)
+        req = WORLD.Irecv(got, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        result = ringmpi.allreduce(np.ones(4099), algorithm=algorithm)
+        WORLD.Send(np.array([1000 + WORLD.rank], np.int64), dest=(WORLD.rank + 1) % WORLD.size,
+                   tag=7)  # fmt: skip
+        status = MPI.Status()
+        req.Wait(status)
+        left = (WORLD.rank - 1) % WORLD.size
+        fine = got[0] == 1000 + left and status.Get_tag() == 7 and (result == WORLD.size).all()
+        _result(family="user", algorithm=algorithm, ranks=WORLD.size,
+                right=bool(WORLD.allreduce(int(fine), op=MPI.LAND)))  # fmt: skip
+
+
+def measure() -> None:
+    mismatches(timeout=2.0)
+    tiny_calls(10_000)
+    overhead(rounds=7, calls=2000)
+    interleaved(rounds=200)
+    user_messages()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "fault":
+        fault(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif sys.argv[1] == "measure":
+        measure()
+    else:
+        raise SystemExit(f"unknown job {sys.argv[1]!r}")

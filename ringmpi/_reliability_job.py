@@ -194,8 +194,130 @@ def user_messages() -> None:
                 right=bool(WORLD.allreduce(int(fine), op=MPI.LAND)))  # fmt: skip
 
 
+# --- special values ---------------------------------------------------------------------
+
+
+def _inputs_special() -> np.ndarray:
+    """Rank r's float64 row: NaN, infinities of both signs, signed zeros, in a pattern
+    that differs by rank, such that SUM and PROD give the same IEEE result in every
+    order (column 5 mixes -0.0 and 0.0: MAX and MIN of those depend on the order)."""
+    rows = [
+        [np.nan, np.inf, -np.inf, np.inf, -0.0, -0.0, 1.0],
+        [1.0, -np.inf, 1.0, np.inf, -0.0, 0.0, 1.0],
+        [2.0, 1.0, -np.inf, 1.0, -0.0, -0.0, 1.0],
+    ]
+    return np.array(rows[WORLD.rank % len(rows)])
+
+
+_MIXED_ZEROS = 5
+
+
+def _left_fold(rows: list[np.ndarray], fn) -> np.ndarray:
+    acc = rows[0].copy()
+    for row in rows[1:]:
+        acc = fn(acc, row)
+    return acc
+
+
+def special_values() -> None:
+    """NaN, infinities and signed zeros (float64) and integer overflow (int8, int32)
+    per algorithm, bitwise against NumPy's IEEE (or wrapping) arithmetic on the same
+    inputs and against comm.Allreduce."""
+    mine = _inputs_special()
+    rows = WORLD.allgather(mine)
+    ops = {"sum": (MPI.SUM, np.add), "prod": (MPI.PROD, np.multiply),
+           "max": (MPI.MAX, np.maximum), "min": (MPI.MIN, np.minimum)}  # fmt: skip
+    for name, (op, fn) in ops.items():
+        with np.errstate(all="ignore"):
+            want = _left_fold(rows, fn)
+        theirs = np.empty_like(mine)
+        WORLD.Allreduce(mine, theirs, op=op)
+        keep = np.ones(mine.size, bool)
+        if name in ("max", "min"):
+            keep[_MIXED_ZEROS] = False
+        for algorithm in _own():
+            with np.errstate(all="ignore"):
+                got = ringmpi.allreduce(mine, op, algorithm=algorithm)
+            ieee = got[keep].tobytes() == want[keep].tobytes()
+            like_mpi = got.tobytes() == theirs.tobytes()
+            _result(family="special", algorithm=algorithm, op=name, ranks=WORLD.size,
+                    ieee=bool(WORLD.allreduce(int(ieee), op=MPI.LAND)),
+                    like_mpi=bool(WORLD.allreduce(int(like_mpi), op=MPI.LAND)),
+                    got=" ".join(map(str, got.tolist())),
+                    mpi=" ".join(map(str, theirs.tolist())))  # fmt: skip
+    for dt in (np.int8, np.int32):
+        info = np.iinfo(dt)
+        x = np.array([info.max, info.min, info.max // 2 + 7, -3], dt)
+        with np.errstate(all="ignore"):
+            want = _left_fold(WORLD.allgather(x), np.add)
+        for algorithm in _own():
+            got = ringmpi.allreduce(x, algorithm=algorithm)
+            same = bool(WORLD.allreduce(int(np.array_equal(got, want)), op=MPI.LAND))
+            _result(family="overflow", algorithm=algorithm, dtype=np.dtype(dt).name,
+                    ranks=WORLD.size, wraps=same, got=got.tolist())  # fmt: skip
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+
+def bad_input() -> None:
+    """Each mistake a caller can make, on every rank at once: the error it gets (before
+    any communication: no rank waits for another)."""
+    f8 = np.ones(4)
+    cases = {
+        "recvbuf smaller than sendbuf": lambda: ringmpi.Allreduce(f8, np.empty(3)),
+        "recvbuf of another dtype": lambda: ringmpi.Allreduce(f8, np.empty(4, np.float32)),
+        "read-only recvbuf": lambda: ringmpi.Allreduce(f8, np.frombuffer(bytes(32))),
+        "sendbuf and recvbuf overlap": lambda: ringmpi.Allreduce(f8[:2], f8[1:3]),
+        "an op ringmpi does not know (MPI.MAXLOC)": lambda: ringmpi.allreduce(f8, MPI.MAXLOC),
+        "an op MPI does not define for the dtype (MAX on complex)": lambda: ringmpi.allreduce(
+            np.ones(4, np.complex64), MPI.MAX),
+        "a dtype ringmpi does not reduce (float16)": lambda: ringmpi.allreduce(
+            np.ones(4, np.float16)),
+        "not an intracommunicator": lambda: ringmpi.allreduce(f8, comm="world"),
+        "an unknown algorithm": lambda: ringmpi.allreduce(f8, algorithm="tree"),
+        "a negative timeout": lambda: ringmpi.allreduce(f8, timeout=-1),
+        "reproducible=True with an algorithm that cannot keep the order": lambda: (
+            ringmpi.allreduce(f8, algorithm="ring", reproducible=True)),
+    }  # fmt: skip
+    for case, call in cases.items():
+        try:
+            call()
+            said = "no error"
+        except Exception as exc:
+            said = f"{type(exc).__name__}: {exc}"
+        _result(family="bad", case=case, error=said)
+
+
+# --- counts above 2^31 -------------------------------------------------------------------
+
+
+def big(nbytes: int) -> None:
+    """``nbytes`` of int8 in place per algorithm (2.5 GiB: past 2^31 elements and
+    bytes); every element checked against the wrapped sum."""
+    period = 251
+    pattern = (np.arange(period) * (7 + 2 * WORLD.rank) + 3 * WORLD.rank) % 256 - 128
+    total = sum(WORLD.allgather(pattern.astype(np.int64)))
+    want = ((total + 128) % 256 - 128).astype(np.int8)
+    buf = np.empty(nbytes, np.int8)
+    whole = nbytes - nbytes % period
+    for algorithm in _own():
+        buf[:whole].reshape(-1, period)[...] = pattern.astype(np.int8)
+        buf[whole:] = pattern[: nbytes - whole].astype(np.int8)
+        WORLD.Barrier()
+        started = time.perf_counter()
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm=algorithm)
+        took = WORLD.allreduce(time.perf_counter() - started, op=MPI.MAX)
+        wrong = int((buf[:whole].reshape(-1, period) != want).sum())
+        wrong += int((buf[whole:] != want[: nbytes - whole]).sum())
+        _result(family="big", algorithm=algorithm, nbytes=nbytes, ranks=WORLD.size,
+                seconds=took, wrong=WORLD.allreduce(wrong))  # fmt: skip
+
+
 def measure() -> None:
+    bad_input()
     mismatches(timeout=2.0)
+    special_values()
     tiny_calls(10_000)
     overhead(rounds=7, calls=2000)
     interleaved(rounds=200)
@@ -207,5 +329,7 @@ if __name__ == "__main__":
         fault(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "measure":
         measure()
+    elif sys.argv[1] == "big":
+        big(int(sys.argv[2]))
     else:
         raise SystemExit(f"unknown job {sys.argv[1]!r}")

@@ -54,6 +54,8 @@ RANKS = 4
 CULPRIT = 1
 TIMEOUT = 3.0  # RINGMPI_TIMEOUT of the jobs, seconds
 _LIMIT = 180.0  # a job still running this long after the fault has hung
+BIG = 5 * 2**29  # bytes of int8 of --big: 2.5 GiB, past 2^31 elements and bytes
+STRESS = ("tiny", "overhead", "interleaved", "user", "big")
 
 
 @dataclass
@@ -104,10 +106,10 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     at = re.search(r"^fault \w+ at ([0-9.]+)$", out, re.M)
     seconds = ended - float(at.group(1)) if at else float("nan")
     pid = re.search(rf"^rank {CULPRIT} pid (\d+)$", out, re.M)
+    reported = None
     if fault == "kill":  # only the launcher can report a killed process
         said = rf".*(\bPID {pid.group(1) if pid else '-'}\b|process rank {CULPRIT}\b).*"
-        if not re.search(said, out, re.M):
-            said = r".*([Ss]ignal 9|Killed|KILLED).*"
+        reported = re.search(r".*([Ss]ignal 9|Killed|KILLED).*", out, re.M)
     elif fault == "raise":
         said = rf"ringmpi: rank {CULPRIT} failed.*"
     elif algorithm == "mpi":  # MPI_Iallreduce cannot say whom it waits for
@@ -115,16 +117,18 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     else:
         said = rf".*RingMPIError: .* for rank {CULPRIT}\b.*"
     found = re.search(said, out, re.M)
-    message = found.group(0).strip() if found else out.strip()[-300:]
+    line = found or reported
+    message = line.group(0).strip() if line else out.strip()[-300:]
     return Outcome(case, fault, code, seconds, found is not None, message)
 
 
-def measured(nranks: int = 3) -> list[dict]:
-    """The mismatch, stress and overhead cases (one job of ``nranks`` ranks): one
-    dict per case, as the job's rank 0 printed them."""
+def measured(nranks: int = 3, *job: str) -> list[dict]:
+    """The cases of one measuring job of ``nranks`` ranks (``job``: its arguments, by
+    default the mismatch, value, stress and overhead cases): one dict per case, as
+    the job's rank 0 printed them."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
     cmd = [*mpirun(), "-n", str(nranks), sys.executable, "-m", "ringmpi._reliability_job",
-           "measure"]  # fmt: skip
+           *(job or ("measure",))]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
                           check=False)  # fmt: skip
     if proc.returncode != 0:
@@ -165,6 +169,32 @@ def mismatch_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bad_table(rows: list[dict]) -> str:
+    lines = ["| mistake (every rank makes it) | error |", "|---|---|"]
+    for r in rows:
+        error = r["error"].replace("|", "\\|")
+        if len(error) > 150:
+            error = error[:147] + "..."
+        lines.append(f"| {r['case']} | `{error}` |")
+    return "\n".join(lines)
+
+
+def values_table(rows: list[dict]) -> str:
+    lines = [
+        "| algorithm | op | result | IEEE (NumPy) | like comm.Allreduce (MPI's own) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["family"] == "special":
+            lines.append(f"| {r['algorithm']} | {r['op']} | `{r['got']}` | "
+                         f"{'same' if r['ieee'] else 'DIFFERS'} | "
+                         f"{'same' if r['like_mpi'] else 'MPI: `' + r['mpi'] + '`'} |")  # fmt: skip
+        else:
+            lines.append(f"| {r['algorithm']} | sum, {r['dtype']} overflow | `{r['got']}` | "
+                         f"{'wraps as NumPy' if r['wraps'] else 'DIFFERS'} | - |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def stress_table(rows: list[dict]) -> str:
     lines = ["| case | algorithm | ranks | outcome |", "|---|---|---|---|"]
     for r in rows:
@@ -182,6 +212,10 @@ def stress_table(rows: list[dict]) -> str:
             )
             lines.append(f"| an ANY_SOURCE/ANY_TAG receive of the user's across the call "
                          f"| {r['algorithm']} | {r['ranks']} | {said} |")  # fmt: skip
+        elif r["family"] == "big":
+            said = (f"{r['nbytes'] / 2**30:.1f} GiB of int8 in place: {r['seconds']:.1f} s, "
+                    f"{r['wrong']} wrong elements")  # fmt: skip
+            lines.append(f"| a count past 2^31 | {r['algorithm']} | {r['ranks']} | {said} |")
         elif r["family"] == "overhead":
             ratio = r["us_timeout"] / r["us_none"]
             lines.append(f"| an 8-byte call with a timeout set ({r['rounds']} rounds of "
@@ -204,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ringmpi.reliability", description=__doc__)
     p.add_argument("--write", metavar="FILE", help="replace the tables in FILE (between markers)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"RINGMPI_TIMEOUT ({TIMEOUT})")
+    p.add_argument("--big", action="store_true",
+                   help=f"also all-reduce {BIG / 2**30:.1f} GiB of int8 per algorithm at 2 ranks "
+                   "(about 3 minutes, 6 GiB of memory)")  # fmt: skip
     args = p.parse_args(argv)
     outcomes = []
     for case in ALGORITHMS:
@@ -213,14 +250,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {case} {fault}: exit {o.returncode}, {o.seconds:.1f} s, named {o.named}",
                   file=sys.stderr, flush=True)  # fmt: skip
     rows = measured()
+    if args.big:
+        rows += measured(2, "big", str(BIG))
     day = time.strftime("%Y-%m-%d")
     tables = {
         "faults": f"Measured {day}, {RANKS} ranks, culprit rank {CULPRIT}.\n\n"
         + fault_table(outcomes, args.timeout),
         "mismatch": f"Measured {day}, 3 ranks, timeout 2 s.\n\n"
         + mismatch_table([r for r in rows if r["family"] == "mismatch"]),
-        "stress": f"Measured {day}.\n\n"
-        + stress_table([r for r in rows if r["family"] != "mismatch"]),
+        "bad": f"Measured {day}, 3 ranks.\n\n"
+        + bad_table([r for r in rows if r["family"] == "bad"]),
+        "values": f"Measured {day}, 3 ranks (inputs: see the text above).\n\n"
+        + values_table([r for r in rows if r["family"] in ("special", "overflow")]),
+        "stress": f"Measured {day}.\n\n" + stress_table([r for r in rows if r["family"] in STRESS]),
     }
     if args.write:
         path = Path(args.write)
@@ -231,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     for text in tables.values():
         print(text + "\n")
     bad = [r for r in rows if r["family"] == "mismatch" and (r["returned"] or not r["intact"])]
+    bad += [r for r in rows if r.get("wrong") or r.get("right") is False or r.get("wraps") is False]
     return 0 if all(o.ok for o in outcomes) and not bad else 1
 
 

@@ -238,7 +238,7 @@ _SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
              "RINGMPI_REPRODUCIBLE")  # fmt: skip
 
 
-_settings_now = _settings.snapshotter(_SETTINGS)
+_settings_now = _settings.watcher(_SETTINGS)
 
 
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the algorithm and validate

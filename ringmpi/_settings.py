@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["choice", "flag", "get", "positive_int", "seconds", "snapshot", "snapshotter"]
+__all__ = ["choice", "flag", "get", "positive_int", "seconds", "snapshot", "snapshotter", "watcher"]
 
 _raw = getattr(os.environ, "_data", None)
 _fast = os.name == "posix" and isinstance(_raw, dict)
@@ -44,6 +44,45 @@ def snapshotter(names: tuple[str, ...]):
         keys, lookup = _encoded(names), _raw.get
         return lambda: tuple(map(lookup, keys))
     return lambda: snapshot(names)
+
+
+def watcher(names: tuple[str, ...]):
+    """A function of no arguments whose value changes whenever any of ``names`` may
+    have changed: a count of every change made through ``os.environ`` (about 5 ns,
+    where comparing snapshots of ten variables costs about 0.6 us of an 8-byte
+    call), or, where ``os.environ`` cannot be watched, ``snapshot(names)``."""
+    if _watched:
+        changes = _changes
+        return lambda: changes[0]
+    return snapshotter(names)
+
+
+# Every change made through os.environ counts here: its class is replaced by a
+# subclass whose __setitem__ and __delitem__ (which update, pop, clear and
+# setdefault go through) also bump the count.
+_changes = [0]
+
+
+def _watch() -> bool:
+    base = type(os.environ)
+
+    class _Watched(base):  # type: ignore[misc, valid-type]
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            _changes[0] += 1
+
+        def __delitem__(self, key):
+            super().__delitem__(key)
+            _changes[0] += 1
+
+    try:
+        os.environ.__class__ = _Watched
+    except TypeError:
+        return False
+    return True
+
+
+_watched = _fast and (type(os.environ).__name__ == "_Watched" or _watch())
 
 
 _encodings: dict[tuple[str, ...], tuple[bytes, ...]] = {}

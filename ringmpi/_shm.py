@@ -69,12 +69,13 @@ def await_flags(flags, size, stride, at, target, sleepy, timeout_ns):
             spins += 1
             if sleepy or spins > _SPINS:
                 sched_yield()
-            if timeout_ns > 0 and (spins & 255) == 0:
-                now = monotonic_ns()
-                if start == 0:
-                    start = now
-                elif now - start > timeout_ns:
-                    return r
+                # the clock only once spinning is over: timeouts are seconds
+                if timeout_ns > 0 and (spins & 255) == 0:
+                    now = monotonic_ns()
+                    if start == 0:
+                        start = now
+                    elif now - start > timeout_ns:
+                        return r
     return -1
 
 

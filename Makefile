@@ -81,3 +81,39 @@ format: $(VENV)/.ok-test
 clean:
 	rm -rf .venv .venv-* .pytest_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# --- Emulated hosts: network + UTS + IPC namespaces on this machine (docs/cluster.md). Root only.
+#   make hosts-up NHOSTS=4 [FABRIC="--rate 1gbit"] (--delay 50us: needs sch_netem)    make hosts-down
+#   make test-hosts     up, tests/test_hosts.py across 2, 3 and 4 hosts x 2 ranks and 3 + 2, down
+NHOSTS ?= 4
+FABRIC ?=
+# Layouts for test-hosts, ranks per host: "3,2" -> -hosts ringmpi-h1:3,ringmpi-h2:2.
+HOST_LAYOUTS ?= 2,2 2,2,2 2,2,2,2 3,2
+HOSTS_MPIRUN := $(VENV)/bin/mpirun -launcher ssh -launcher-exec $(CURDIR)/cluster/host-agent.sh \
+	-localhost ringmpi-root
+
+.PHONY: hosts-up hosts-down test-hosts
+
+hosts-up:
+	bash cluster/hosts-up.sh $(NHOSTS) $(FABRIC)
+
+hosts-down:
+	bash cluster/hosts-down.sh
+
+# The hosts come down whatever the tests did; the status is the tests'.
+test-hosts: $(VENV)/.ok-test
+	bash cluster/hosts-up.sh $(NHOSTS) $(FABRIC)
+	@status=0; \
+	for layout in $(HOST_LAYOUTS); do \
+	  hosts=$$(echo "$$layout" | awk -F, '{for (i = 1; i <= NF; i++) printf "%sringmpi-h%d:%s", (i > 1 ? "," : ""), i, $$i}'); \
+	  n=$$(echo "$$layout" | awk -F, '{for (i = 1; i <= NF; i++) s += $$i; print s}'); \
+	  echo "== tests/test_hosts.py across $$hosts =="; \
+	  RINGMPI_TEST_HOSTS=$$hosts timeout --kill-after=10 $(SUITE_TIMEOUT) $(HOSTS_MPIRUN) -hosts $$hosts \
+	    $(PY) -m pytest --with-mpi -m "hosts and mpi" tests/test_hosts.py \
+	  || { status=1; for f in tests/.logs/rank-*-of-$$n.log; do \
+	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; }; \
+	done; \
+	echo "== the command line across $(NHOSTS) hosts =="; \
+	$(PY) -m pytest -m "hosts and not mpi" tests/test_hosts.py || status=1; \
+	bash cluster/hosts-down.sh; \
+	exit $$status

@@ -1,0 +1,432 @@
+"""``python -m ringmpi.scaling``: the cost model taken beyond one machine, on paper.
+
+The model is :mod:`ringmpi.tuning`'s, called, not copied: for M nodes of L
+ranks (N = M L ranks) and n bytes,
+
+    ring                2(N-1) alpha + 2n(N-1)/N beta + n(N-1)/N gamma
+    recursive_doubling  lg N (alpha + n beta + n gamma)
+    hierarchical        node phase (node_call, node_step, node_byte n)
+                        + 2(M-1) alpha + 2(n/L)(M-1)/M beta + (n/L)(M-1)/M gamma
+
+with alpha and beta those of the fabric between nodes (a flat ring's step, and
+a recursive-doubling exchange, waits for its slowest link, a network one) and
+every other constant that of a node of L ranks (:func:`tuning.defaults`, or a
+tuning file). One node is all shared memory: the node's own constants.
+
+Three modes:
+
+* predict (the default): time and busbw of each algorithm from 8 to 512 nodes
+  of 8 ranks, as a table (``--markdown``) and a plot (``--plot FILE``);
+* ``--check RUN.json ...``: every row of ``python -m ringmpi.allreduce --json``
+  runs against the model's prediction for its nodes, ranks per node and size;
+* ``--pingpong FILE`` (under ``mpirun -n 2``, one rank per host): measure the
+  fabric's alpha and beta, t(n) = alpha + n beta one way, and write them as JSON
+  for ``--fabric``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import sys
+
+from . import tuning
+
+__all__ = ["FABRIC", "Fabric", "busbw", "check", "costs_for", "fit_fabric", "main", "pingpong",
+           "predict", "predict_grid"]  # fmt: skip
+
+ALGORITHMS = ("ring", "hierarchical", "recursive_doubling")
+NODES = (8, 16, 32, 64, 128, 256, 512)
+PER_NODE = 8
+SIZES = (8, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fabric:
+    """The network between nodes: seconds per message (one way) and per byte."""
+
+    alpha: float
+    beta: float
+
+
+# The emulated fabric of cluster/hosts-up.sh on bare links (veth pairs into a
+# bridge, UCX over TCP), 1 rank per host, ping-pong medians, 2026-11-30:
+# docs/scaling.md.
+FABRIC = Fabric(alpha=17e-6, beta=0.78e-9)
+
+
+def costs_for(nodes: int, per_node: int, fabric: Fabric = FABRIC, node: tuning.Costs | None = None):
+    """The model's constants for ``nodes`` nodes of ``per_node`` ranks: the node's
+    own (``node``, or the untuned defaults for that many ranks), with alpha and
+    beta those of ``fabric`` where there is more than one node."""
+    base = node if node is not None else tuning.defaults(per_node)
+    if nodes <= 1:
+        return base
+    return dataclasses.replace(base, alpha=fabric.alpha, beta=fabric.beta)
+
+
+def predict(costs: tuning.Costs, algorithm: str, n: float, nodes: int, per_node: int,
+            shared_nic: bool = False) -> float:  # fmt: skip
+    """:func:`tuning.predict` for ``nodes`` nodes of ``per_node`` ranks.
+
+    ``shared_nic``: the L rails of hierarchical share one link per node (as the
+    hosts of cluster/hosts-up.sh --rate do), so each rail's bytes cost L beta;
+    the model as written gives every rail a link of its own.
+    """
+    if shared_nic and algorithm == "hierarchical" and nodes > 1:
+        costs = dataclasses.replace(costs, beta=costs.beta * per_node)
+    return tuning.predict(costs, algorithm, n, nodes * per_node, nodes, per_node)
+
+
+def busbw(n: float, p: int, seconds: float) -> float:
+    """nccl-tests' bus bandwidth in bytes per second: n/t * 2(p-1)/p."""
+    return n / seconds * 2 * (p - 1) / p if seconds > 0 and p > 1 else 0.0
+
+
+def predict_grid(
+    fabric: Fabric = FABRIC,
+    node: tuning.Costs | None = None,
+    nodes=NODES,
+    per_node: int = PER_NODE,
+    sizes=SIZES,
+    shared_nic: bool = False,
+) -> list[dict]:
+    """One row per (size, nodes): predicted seconds and busbw of every algorithm."""
+    rows = []
+    for n in sizes:
+        for m in nodes:
+            p = m * per_node
+            costs = costs_for(m, per_node, fabric, node)
+            row = {"bytes": n, "nodes": m, "per_node": per_node, "ranks": p}
+            for a in ALGORITHMS:
+                t = predict(costs, a, n, m, per_node, shared_nic)
+                row[a] = {"seconds": t, "busbw": busbw(n, p, t)}
+            row["best"] = min(ALGORITHMS, key=lambda a, r=row: r[a]["seconds"])
+            rows.append(row)
+    return rows
+
+
+def _size(n: float) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{int(n)} B"
+
+
+def _time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.2f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.2f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def _bw(b: float) -> str:
+    return f"{b / 1e9:.3g}" if b >= 1e6 else f"{b / 1e9:.2e}"
+
+
+def table(rows: list[dict], markdown: bool = False) -> str:
+    """The prediction grid as text (or a markdown table)."""
+    head = ["size", "nodes x ranks", "N"]
+    head += [f"{a} time" for a in ALGORITHMS] + [f"{a} busbw (GB/s)" for a in ALGORITHMS]
+    head.append("fastest")
+    body = []
+    for r in rows:
+        cells = [_size(r["bytes"]), f"{r['nodes']} x {r['per_node']}", str(r["ranks"])]
+        cells += [_time(r[a]["seconds"]) for a in ALGORITHMS]
+        cells += [_bw(r[a]["busbw"]) for a in ALGORITHMS]
+        cells.append(r["best"])
+        body.append(cells)
+    return _render(head, body, markdown)
+
+
+def _render(head: list[str], body: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c) + " |" for c in body]
+        return "\n".join(lines)
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join(["# " + fmt.format(*head)] + ["  " + fmt.format(*c) for c in body])
+
+
+def _layout(header: dict) -> tuple[int, int, int]:
+    """(ranks, nodes, ranks per node) of a CLI run, emulated nodes included."""
+    p = int(header["ranks"])
+    per_node = header.get("emulated_ranks_per_node") or max(1, p // max(1, int(header["nodes"])))
+    return p, max(1, -(-p // per_node)), int(per_node)
+
+
+def check(runs: list[dict], fabric: Fabric = FABRIC, node: tuning.Costs | None = None,
+          shared_nic: bool = False) -> list[dict]:  # fmt: skip
+    """Every row of the runs that ran a modelled algorithm, with its prediction."""
+    out = []
+    for run in runs:
+        p, m, per_node = _layout(run["header"])
+        costs = costs_for(m, per_node, fabric, node)
+        for row in run["rows"]:
+            label = row["algorithm"]
+            algo = label[5:-1] if label.startswith("auto(") else label
+            if algo not in ALGORITHMS:
+                continue
+            if m * per_node != p:
+                raise ValueError(f"uneven nodes ({p} ranks on {m}) are not in this model")
+            predicted = predict(costs, algo, row["size"], m, per_node, shared_nic)
+            measured = row["time_us"] * 1e-6
+            out.append({"nodes": m, "per_node": per_node, "ranks": p, "bytes": row["size"],
+                        "algorithm": label, "predicted": predicted, "measured": measured,
+                        "ratio": measured / predicted})  # fmt: skip
+    return out
+
+
+def check_table(rows: list[dict], markdown: bool = False) -> str:
+    head = ["nodes x ranks", "size", "algorithm", "predicted", "measured", "measured/predicted"]
+    body = [[f"{r['nodes']} x {r['per_node']}", _size(r["bytes"]), r["algorithm"],
+             _time(r["predicted"]), _time(r["measured"]), f"{r['ratio']:.2f}"]
+            for r in rows]  # fmt: skip
+    return _render(head, body, markdown)
+
+
+def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None = None) -> None:
+    """Predicted time against nodes, one panel per size, and busbw at the largest size."""
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError:
+        raise ValueError(
+            "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sizes = sorted({r["bytes"] for r in rows})
+    panels = len(sizes) + 1 + (1 if checked else 0)
+    cols = 3
+    fig, axes = plt.subplots(-(-panels // cols), cols, figsize=(5 * cols, 3.8 * -(-panels // cols)))
+    axes = list(axes.flat)
+    style = {"ring": "C0o-", "hierarchical": "C1s-", "recursive_doubling": "C2^-"}
+    for ax, n in zip(axes, sizes, strict=False):
+        sub = [r for r in rows if r["bytes"] == n]
+        for a in ALGORITHMS:
+            ax.loglog([r["ranks"] for r in sub], [r[a]["seconds"] for r in sub], style[a], label=a)
+        ax.set_title(f"{_size(n)}: predicted time")
+        ax.set_xlabel("ranks (8 per node)")
+        ax.set_ylabel("seconds")
+        ax.grid(True, which="both", alpha=0.3)
+    ax = axes[len(sizes)]
+    big = [r for r in rows if r["bytes"] == sizes[-1]]
+    for a in ALGORITHMS:
+        ax.semilogx([r["ranks"] for r in big], [r[a]["busbw"] / 1e9 for r in big], style[a],
+                    label=a)  # fmt: skip
+    ax.set_title(f"{_size(sizes[-1])}: predicted busbw")
+    ax.set_xlabel("ranks (8 per node)")
+    ax.set_ylabel("GB/s")
+    ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if checked:
+        ax = axes[len(sizes) + 1]
+        marks = {"ring": "C0o", "hierarchical": "C1s", "recursive_doubling": "C2^"}
+        for a in ALGORITHMS:
+            pts = [r for r in checked if r["algorithm"].removeprefix("auto(").rstrip(")") == a]
+            ax.loglog([r["predicted"] for r in pts], [r["measured"] for r in pts], marks[a],
+                      alpha=0.6, label=a)  # fmt: skip
+        lo = min(min(r["predicted"], r["measured"]) for r in checked)
+        hi = max(max(r["predicted"], r["measured"]) for r in checked)
+        ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
+        ax.set_title("every measured point against the model")
+        ax.set_xlabel("predicted seconds")
+        ax.set_ylabel("measured seconds")
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    fig.suptitle(
+        f"ringmpi cost model: fabric alpha {fabric.alpha * 1e6:.3g} us, "
+        f"beta {fabric.beta * 1e9:.3g} ns/B ({1 / fabric.beta / 1e9:.3g} GB/s)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def fit_fabric(points: list[tuple[int, float]], large: int = 1 << 20) -> Fabric:
+    """alpha and beta of t = alpha + n beta from ping-pong medians (n bytes, t seconds).
+
+    Each from its own regime, not one least-squares line through both: beta is
+    the slope of a line through the points of ``large`` bytes and more (a rate
+    limit's burst makes the middle sizes faster than the wire), alpha the
+    smallest size's time less its bytes' worth of beta.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    big = sorted((n, t) for n, t in points if n >= large) or sorted(points)[-2:]
+    if len(big) >= 2:
+        beta = float(np.polyfit([n for n, _ in big], [t for _, t in big], 1)[0])
+    else:
+        beta = big[0][1] / big[0][0]
+    n0, t0 = min(points)
+    beta = max(beta, 0.0)
+    return Fabric(alpha=max(t0 - n0 * beta, 0.0), beta=beta)
+
+
+def pingpong(path: str, minbytes: int, maxbytes: int, rounds: int, argv: list[str]) -> Fabric:
+    """Ranks 0 and 1 bounce a buffer; each round visits every size (interleaved)."""
+    import numpy as np  # noqa: PLC0415
+    from mpi4py import MPI  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != 2:
+        raise SystemExit("--pingpong runs on exactly 2 ranks (one per host)")
+    rank = comm.Get_rank()
+    sizes, s = [], minbytes
+    while s <= maxbytes:
+        sizes.append(s)
+        s *= 4
+    bufs = {n: np.zeros(n, np.uint8) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for i in range(rounds + 1):
+        for n in sizes[i % len(sizes) :] + sizes[: i % len(sizes)]:
+            buf, k = bufs[n], max(2, min(50, (8 << 20) // n))
+            comm.Barrier()
+            t0 = MPI.Wtime()
+            for _ in range(k):
+                if rank == 0:
+                    comm.Send(buf, 1)
+                    comm.Recv(buf, 1)
+                else:
+                    comm.Recv(buf, 0)
+                    comm.Send(buf, 0)
+            if i:  # round 0 warms the connections up
+                times[n].append((MPI.Wtime() - t0) / (2 * k))
+    hosts = comm.gather(MPI.Get_processor_name(), root=0)
+    if rank:
+        return FABRIC
+    measured = [{"bytes": n, "seconds": float(np.median(t)), "low": float(np.min(t)),
+                 "high": float(np.max(t)), "rounds": len(t)} for n, t in times.items()]  # fmt: skip
+    fabric = fit_fabric([(m["bytes"], m["seconds"]) for m in measured])
+    lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
+    with open(path, "w") as fh:
+        json.dump({"fabric": dataclasses.asdict(fabric), "date": datetime.date.today().isoformat(),
+                   "mpi_library": lib, "hosts": hosts,
+                   "command": "python -m ringmpi.scaling " + " ".join(argv),
+                   "measured": measured}, fh, indent=1)  # fmt: skip
+    print(f"# fabric: alpha {fabric.alpha * 1e6:.2f} us, beta {fabric.beta * 1e9:.4f} ns/B "
+          f"({1 / fabric.beta / 1e9 if fabric.beta else math.inf:.3g} GB/s)")  # fmt: skip
+    print(f"# {'bytes':>10} {'median':>10} {'low':>10} {'high':>10} {'model':>10}  (us, one way)")
+    for m in measured:
+        model = fabric.alpha + m["bytes"] * fabric.beta
+        print(f"  {m['bytes']:>10} {m['seconds'] * 1e6:10.1f} {m['low'] * 1e6:10.1f} "
+              f"{m['high'] * 1e6:10.1f} {model * 1e6:10.1f}")  # fmt: skip
+    print(f"# written to {path}")
+    return fabric
+
+
+def _node_costs(path: str | None) -> tuning.Costs | None:
+    """The in-node constants of a tuning file (python -m ringmpi.tune), or None."""
+    if path is None:
+        return None
+    with open(path) as fh:
+        given = json.load(fh)["costs"]
+    return tuning.Costs(**{f.name: float(given.get(f.name, getattr(tuning.DEFAULTS, f.name)))
+                           for f in dataclasses.fields(tuning.Costs)})  # fmt: skip
+
+
+def _fabric(args: argparse.Namespace) -> Fabric:
+    fabric = FABRIC
+    if args.fabric:
+        with open(args.fabric) as fh:
+            fabric = Fabric(**json.load(fh)["fabric"])
+    if args.alpha is not None:
+        fabric = dataclasses.replace(fabric, alpha=args.alpha)
+    if args.beta is not None:
+        fabric = dataclasses.replace(fabric, beta=args.beta)
+    return fabric
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ._cli import _size as size_arg  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ringmpi.scaling",
+        description="Predict time and busbw of ring, hierarchical and recursive doubling from "
+        "64 to 4,096 ranks with the cost model; check it against measured runs; measure the "
+        "fabric's alpha and beta (--pingpong, under mpirun -n 2).",
+    )
+    parser.add_argument(
+        "--tuning",
+        metavar="FILE",
+        help="in-node constants (python -m ringmpi.tune); default: untuned",
+    )
+    parser.add_argument("--fabric", metavar="FILE", help="alpha and beta from --pingpong")
+    parser.add_argument("--alpha", type=float, help="fabric seconds per message (overrides)")
+    parser.add_argument("--beta", type=float, help="fabric seconds per byte (overrides)")
+    parser.add_argument("--ranks-per-node", type=int, default=PER_NODE)
+    parser.add_argument(
+        "--shared-nic",
+        action="store_true",
+        help="hierarchical's rails share one link per node (beta times L)",
+    )
+    parser.add_argument("--markdown", action="store_true", help="tables as markdown")
+    parser.add_argument("--plot", metavar="FILE", help="draw the predictions (needs matplotlib)")
+    parser.add_argument(
+        "--check",
+        nargs="+",
+        metavar="RUN.json",
+        help="python -m ringmpi.allreduce --json files: predicted vs measured",
+    )
+    parser.add_argument(
+        "--pingpong",
+        metavar="FILE",
+        help="measure the fabric (2 ranks, one per host) and write it here",
+    )
+    parser.add_argument("-b", "--minbytes", type=size_arg, default=8)
+    parser.add_argument("-e", "--maxbytes", type=size_arg, default=16 << 20)
+    parser.add_argument("--rounds", type=int, default=15, help="ping-pong rounds")
+    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.pingpong:
+        pingpong(args.pingpong, args.minbytes, args.maxbytes, args.rounds, argv)
+        return 0
+    try:
+        fabric, node = _fabric(args), _node_costs(args.tuning)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        parser.error(str(exc))
+    rows = predict_grid(fabric, node, per_node=args.ranks_per_node, shared_nic=args.shared_nic)
+    checked = None
+    if args.check:
+        runs = []
+        for path in args.check:
+            try:
+                with open(path) as fh:
+                    runs.append(json.load(fh))
+            except (OSError, ValueError) as exc:
+                parser.error(f"--check: {path}: {exc}")
+        try:
+            checked = check(runs, fabric, node, args.shared_nic)
+        except (KeyError, ValueError) as exc:
+            parser.error(f"--check: {exc}")
+    if args.plot:
+        try:
+            plot(rows, args.plot, fabric, checked)
+        except ValueError as exc:
+            parser.error(str(exc))
+    inside = args.tuning or f"untuned defaults for {args.ranks_per_node} ranks per node"
+    print(f"# fabric: alpha {fabric.alpha * 1e6:.3g} us, beta {fabric.beta * 1e9:.3g} ns/B; "
+          f"in-node: {inside}{'; shared NIC' if args.shared_nic else ''}")  # fmt: skip
+    print(table(rows, args.markdown))
+    if checked is not None:
+        print()
+        print(check_table(checked, args.markdown))
+        ratios = sorted(r["ratio"] for r in checked)
+        if ratios:
+            print(f"# {len(ratios)} points, measured/predicted from {ratios[0]:.2f} to "
+                  f"{ratios[-1]:.2f}, median {ratios[len(ratios) // 2]:.2f}")  # fmt: skip
+    if args.plot:
+        print(f"# plot written to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -100,20 +100,26 @@ def positive_int(name: str) -> int | None:
     text = get(name)
     if not text:
         return None
-    known = _ints.get(text)
+    return _parsed(text, int, lambda v: v >= 1, f"{name} must be a whole number >= 1")
+
+
+def _parsed(text: str, kind, allowed, says: str):
+    """``kind(text)`` if ``allowed`` by it, else ValueError(``says``, not text);
+    remembered per text (a setting is parsed on every call)."""
+    known = _known.get((kind, text))
     if known is not None:
         return known
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name} must be a whole number >= 1, not {text!r}")
-    _ints[text] = value
+        value = None
+    if value is None or not allowed(value):
+        raise ValueError(f"{says}, not {text!r}")
+    _known[(kind, text)] = value
     return value
 
 
-_ints: dict[str, int] = {}
+_known: dict[tuple, object] = {}
 
 
 def choice(name: str, options: tuple[str, ...]) -> str:
@@ -135,26 +141,16 @@ def seconds(value: object, name: str) -> float:
     ``name`` says where it came from, for the error."""
     if value is None:
         return 0.0
+    says = f"{name} must be a number of seconds >= 0"
     if isinstance(value, str):
         text = value.strip()
-        if not text:
-            return 0.0
-        known = _timeouts.get(text)
-        if known is not None:
-            return known
-        try:
-            parsed = float(text)
-        except ValueError:
-            parsed = -1.0
-        if not (0.0 <= parsed < float("inf")):
-            raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
-        _timeouts[text] = parsed
-        return parsed
+        return _parsed(text, float, _finite, says) if text else 0.0
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
-    if not (0.0 <= value < float("inf")):
-        raise ValueError(f"{name} must be a number of seconds >= 0, not {value!r}")
+    if not _finite(value):
+        raise ValueError(f"{says}, not {value!r}")
     return float(value)
 
 
-_timeouts: dict[str, float] = {}
+def _finite(value: float) -> bool:
+    return 0.0 <= value < float("inf")

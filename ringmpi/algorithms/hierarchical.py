@@ -444,7 +444,7 @@ def hierarchical_allreduce(
                 phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
             )  # fmt: skip
         except RingMPIError as exc:
-            if rail.broken is not None:  # a timeout: the rail's messages may be in flight
+            if rail.broken is not None:  # the rail's messages may be in flight
                 ctx.break_off(str(exc))
             raise
         red.finish(acc, ctx.size)

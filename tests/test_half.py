@@ -1,0 +1,193 @@
+"""Half precision without MPI: the bit conversions against NumPy and ml_dtypes, the fold.
+
+The kernels convert float16 and bfloat16 by bit arithmetic (ringmpi.kernels);
+NumPy's float16 casts and ml_dtypes' bfloat16 casts are the independent
+reference: every one of the 65536 patterns widened, and float32 values rounded
+-- a random sample of all bit patterns, every tie between neighbouring half
+values and its two float32 neighbours, the overflow boundary, the subnormals.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import kernels
+from ringmpi.kernels import HALF_BF16, HALF_F16, narrow, reduction, widen
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+KINDS = [pytest.param(HALF_F16, np.dtype(np.float16), id="float16"),
+         pytest.param(HALF_BF16, BF16, id="bfloat16")]  # fmt: skip
+ALL = np.arange(1 << 16, dtype=np.uint16)
+
+
+def _reference_narrow(values: np.ndarray, dt: np.dtype) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return values.astype(np.float32).astype(dt).view(np.uint16)
+
+
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+def test_widen_every_pattern_bitwise(kind, dt):
+    got = widen(ALL, kind).view(np.uint32)
+    want = ALL.view(dt).astype(np.float32).view(np.uint32)
+    assert np.array_equal(got, want)  # NaN payloads and signed zeros included
+
+
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+def test_narrow_of_every_widened_pattern_gives_it_back(kind, dt):
+    wide = ALL.view(dt).astype(np.float32)
+    got = narrow(wide, kind)
+    assert np.array_equal(got, _reference_narrow(wide, dt))
+    finite = ~np.isnan(wide)
+    assert np.array_equal(got[finite], ALL[finite])
+
+
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+def test_narrow_random_float32_patterns(kind, dt):
+    rng = np.random.default_rng(2026)
+    bits = rng.integers(0, 1 << 32, 4_000_000, dtype=np.uint64).astype(np.uint32)
+    values = bits.view(np.float32)
+    assert np.array_equal(narrow(values, kind), _reference_narrow(values, dt))
+
+
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+def test_narrow_ties_and_their_neighbours(kind, dt):
+    # Between every pair of neighbouring finite half values of one sign: the exact
+    # midpoint (a float32: one bit more than the half's significand) and the float32
+    # values just below and above it. Ties go to the even pattern.
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on its NaNs
+        wide = ALL.view(dt).astype(np.float64)
+    finite = np.isfinite(wide[:-1]) & np.isfinite(wide[1:])
+    same_sign = (ALL[:-1] >> 15) == (ALL[1:] >> 15)
+    lo = np.flatnonzero(finite & same_sign)
+    mid = ((wide[lo] + wide[lo + 1]) / 2).astype(np.float32)
+    assert np.array_equal(mid.astype(np.float64), (wide[lo] + wide[lo + 1]) / 2)  # exact
+    below = np.nextafter(mid, np.float32(0))
+    above = np.nextafter(mid, np.float32(np.inf) * np.sign(mid))
+    for values in (mid, below, above):
+        assert np.array_equal(narrow(values, kind), _reference_narrow(values, dt))
+    got = narrow(mid, kind)
+    assert np.all(got & 1 == 0)  # every tie went to the even neighbour
+    assert np.array_equal(narrow(below, kind), ALL[lo])
+    assert np.array_equal(narrow(above, kind), ALL[lo + 1])
+
+
+def test_narrow_overflow_and_underflow_boundaries():
+    f16 = np.array([65504, 65519.996, 65520, 65536, 1e38, 2.0**-24, 2.0**-25,
+                    2.0**-25 * 1.0000001, 3 * 2.0**-26, 2.0**-14, 2.0**-14 * (1 - 2.0**-12),
+                    1e-45, 0.0], np.float32)  # fmt: skip
+    f16 = np.concatenate([f16, -f16])
+    assert np.array_equal(narrow(f16, HALF_F16), _reference_narrow(f16, np.dtype(np.float16)))
+    assert narrow(np.float32([65520]), HALF_F16)[0] == 0x7C00  # the tie goes to infinity
+    assert narrow(np.float32([65519.996]), HALF_F16)[0] == 0x7BFF  # 65504
+    top = np.float32(np.finfo(np.float32).max)
+    bf = np.array([top, 3.3895314e38, 3.3961776e38, 1e-45, 1.1754942e-38, 2.0**-133], np.float32)
+    bf = np.concatenate([bf, -bf])
+    assert np.array_equal(narrow(bf, HALF_BF16), _reference_narrow(bf, BF16))
+    assert narrow(np.float32([top]), HALF_BF16)[0] == 0x7F80  # rounds up to infinity
+
+
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+def test_narrow_every_float32_subnormal_sample(kind, dt):
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 0x00800000, 200_000, dtype=np.uint32)
+    values = np.concatenate([bits, bits | np.uint32(0x80000000)]).view(np.float32)
+    assert np.array_equal(narrow(values, kind), _reference_narrow(values, dt))
+
+
+def _emulate(parts: list[np.ndarray], name: str, dt: np.dtype) -> np.ndarray:
+    """The contract in NumPy: float32, rank order, AVG's division, one rounding."""
+    acc = parts[0].astype(np.float32)
+    for x in parts[1:]:
+        y = x.astype(np.float32)
+        if name in ("sum", "avg"):
+            acc = acc + y
+        elif name == "max":
+            acc = np.where((y > acc) | np.isnan(y), y, acc)
+        else:
+            acc = np.where((y < acc) | np.isnan(y), y, acc)
+    if name == "avg" and len(parts) > 1:
+        acc = acc / np.float32(len(parts))
+    with np.errstate(all="ignore"):
+        return acc.astype(dt)
+
+
+@pytest.mark.parametrize("name", kernels.HALF_OPS)
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_fold_inputs_is_the_contract(name, kind, dt, k):
+    rng = np.random.default_rng(k)
+    n = 1037
+    parts = [(rng.standard_normal(n) * 100).astype(dt) for _ in range(k)]
+    parts[0][:5] = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0]).astype(dt)
+    data = np.concatenate(parts)
+    starts = np.arange(k, dtype=np.int64) * n
+    out = np.empty(n, dt)
+    red = reduction(kernels.op_from_name(name), dt)
+    red.fold_inputs(out, data, starts, k)
+    want = _emulate(parts, name, dt)
+    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+def test_overflow_goes_to_infinity_once():
+    # 60000 + 60000 is 120000 in float32, infinity only at the rounding.
+    dt = np.dtype(np.float16)
+    red = reduction(MPI.SUM, dt)
+    data = np.array([60000, -60000, 60000, 60000], dt)
+    out = np.empty(2, dt)
+    red.fold_inputs(out, data, np.array([0, 2], np.int64), 2)
+    assert out.tolist() == [np.inf, 0.0]
+    # AVG divides in float32 first: finite.
+    avg = reduction(ringmpi.AVG, dt)
+    avg.fold_inputs(out, data, np.array([0, 2], np.int64), 2)
+    assert out.tolist() == [60000.0, 0.0]
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", [MPI.PROD, MPI.LAND, MPI.BOR])
+def test_other_ops_raise_type_error(op, dt):
+    with pytest.raises(TypeError, match=r"half types take: MPI.SUM, MPI.MAX, MPI.MIN, ringmpi.AVG"):
+        reduction(op, dt)
+
+
+def test_dtype_names_and_tags():
+    red = reduction(MPI.SUM, "bfloat16")
+    assert red.dtype == BF16
+    assert red.half == HALF_BF16
+    assert reduction(MPI.SUM, np.float16).half == HALF_F16
+    assert kernels.decode_tag(red.tag) == ("MPI.SUM", "bfloat16")
+    assert kernels.decode_tag(reduction(MPI.MIN, np.float16).tag) == ("MPI.MIN", "float16")
+    tags = {reduction(s.op, d).tag for s in kernels._OPS for d in s.dtypes}
+    halves = {reduction(kernels.op_from_name(o), d).tag for o in kernels.HALF_OPS
+              for d in ("float16", "bfloat16")}  # fmt: skip
+    assert len(halves) == 8 and not tags & halves
+    # A structured 2-byte type is not bfloat16.
+    with pytest.raises(TypeError, match="not supported"):
+        reduction(MPI.SUM, np.dtype([("a", "u1"), ("b", "u1")]))
+    with pytest.raises(TypeError, match="partial result would be rounded"):
+        red.combine(np.zeros(2, BF16), np.zeros(2, BF16))
+
+
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", kernels.HALF_OPS)
+@pytest.mark.parametrize("nranks", [1, 2, 3, 64, 100])
+def test_verifiable_patterns_give_the_once_rounded_answer(dt, name, nranks):
+    op = kernels.op_from_name(name)
+    parts = [kernels.verify_inputs(op, dt, r, 16) for r in range(nranks)]
+    got = kernels.verify_expected(op, dt, nranks, 16)
+    assert np.array_equal(got.view(np.uint16), _emulate(parts, name, got.dtype).view(np.uint16))
+    exact = np.sum([p.astype(np.float64) for p in parts], axis=0)
+    if name == "sum" and nranks <= 64:  # |sum| <= 4 N: exact in 16 bits (bfloat16: to 256)
+        assert np.array_equal(got.astype(np.float64), exact)
+
+
+def test_import_ringmpi_does_not_import_ml_dtypes():
+    code = "import sys, ringmpi; print('ml_dtypes' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

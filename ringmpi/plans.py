@@ -9,7 +9,7 @@ from the schedules and nowhere else: the engine (:mod:`ringmpi._engine`) only
 carries them out, and :func:`simulate` runs every rank's plan without MPI to
 check them and to count their cost.
 
-Four plans:
+The plans:
 
 * ``ring`` -- the schedule of :func:`ringmpi.schedule.ring_steps`: N - 1
   reduce-scatter steps, then N - 1 all-gather steps; 2(N-1) steps, 2(N-1)/N of
@@ -19,6 +19,11 @@ Four plans:
 * ``rabenseifner`` -- reduce-scatter by recursive halving (each step sends half
   of what is left), then all-gather by recursive doubling: 2 lg p steps and
   2(p-1)/p of the buffer, the ring's bandwidth in lg p steps each way.
+
+* ``direct_exchange`` and ``all_gather`` -- the half types' ring (see
+  :func:`direct_exchange`): every rank receives the other ranks' own 16-bit
+  inputs for the chunk it finishes (no partial result travels, so the one
+  rounding happens on that rank), then the ring's all-gather.
 
 * ``chain`` -- the reproducible one: the buffer cut into P **pieces** goes
   along a chain 0 -> 1 -> ... -> N-1, each rank folding its contribution into
@@ -48,7 +53,8 @@ import numpy as np
 
 from .schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
 
-__all__ = ["PLANS", "Plan", "chain", "chain_pieces", "plan", "simulate"]
+__all__ = ["PLANS", "Plan", "all_gather", "chain", "chain_pieces", "direct_exchange",
+           "direct_slots", "plan", "simulate"]  # fmt: skip
 
 # The columns of a plan's table.
 PHASE, STEP, SEND_TO, SEND_OFF, SEND_LEN, RECV_FROM, RECV_OFF, RECV_LEN, ACTION = range(9)
@@ -59,6 +65,7 @@ THEIRS_FIRST = 2  # the received operand is the left one: ``acc = inp (op) acc``
 FINAL = 4  # these elements are complete after this reduce (AVG divides them here)
 
 FOLD_IN, FOLD_OUT = "fold-in", "fold-out"
+DIRECT_EXCHANGE = "direct-exchange"
 ALL_GATHER = "all-gather"
 RECURSIVE_DOUBLING = "recursive-doubling"
 REDUCE_CHAIN, BROADCAST_CHAIN = "reduce-chain", "broadcast-chain"
@@ -103,6 +110,55 @@ def ring(nranks: int, rank: int, count: int) -> Plan:
         r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
         action = (REDUCE | (FINAL if st.last else 0)) if st.phase == REDUCE_SCATTER else STORE
         rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0), action)
+    return rows.plan(count)
+
+
+def direct_exchange(nranks: int, rank: int, count: int) -> Plan:
+    """The half types' reduce-scatter: inputs, not partials, go to a chunk's owner.
+
+    Rank r finishes chunk (r + 1), as after the ring's reduce-scatter (so the
+    ring's all-gather follows unchanged). In step s = 1 .. N-1 rank r sends its
+    own input's chunk (r + 1 + s) to that chunk's owner, rank (r + s), and stores
+    what rank (r - s) sends -- rank (r - s)'s input for chunk (r + 1) -- in slot
+    s - 1, at element ``count + (s - 1) * L`` of the working buffer (L the
+    chunk's length): the buffer holds the input, then N - 1 slots. Every step is
+    a permutation (each rank sends one chunk and receives one), N - 1 steps
+    sending (N-1)/N of the buffer per rank: the ring's reduce-scatter's bytes and
+    steps. The owner then folds its own chunk and the N - 1 slots in rank order
+    (:meth:`ringmpi.kernels.Reduction.fold_inputs`, :func:`direct_slots`).
+    """
+    rows = _Rows()
+    bounds = chunk_bounds(count, nranks)
+    mine = (rank + 1) % nranks
+    length = bounds[mine + 1] - bounds[mine]
+    for s in range(1, nranks):
+        theirs = (rank + 1 + s) % nranks
+        send = ((rank + s) % nranks, bounds[theirs], bounds[theirs + 1] - bounds[theirs])
+        recv = ((rank - s) % nranks, count + (s - 1) * length, length)
+        rows.add(DIRECT_EXCHANGE, s - 1, send, recv)
+    return rows.plan(count)
+
+
+def direct_slots(nranks: int, rank: int, count: int) -> np.ndarray:
+    """Where rank k's contribution to the chunk rank ``rank`` finishes starts in the
+    working buffer of :func:`direct_exchange`, for k = 0 .. N-1 (rank order)."""
+    bounds = chunk_bounds(count, nranks)
+    mine = (rank + 1) % nranks
+    length = bounds[mine + 1] - bounds[mine]
+    return np.array([bounds[mine] if k == rank else count + ((rank - k) % nranks - 1) * length
+                     for k in range(nranks)], np.int64)  # fmt: skip
+
+
+def all_gather(nranks: int, rank: int, count: int) -> Plan:
+    """The ring's all-gather alone (rank r starts with chunk r + 1 finished)."""
+    rows = _Rows()
+    bounds = chunk_bounds(count, nranks)
+    right, left = (rank + 1) % nranks, (rank - 1) % nranks
+    for st in ring_steps(nranks, rank):
+        if st.phase != REDUCE_SCATTER:
+            s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
+            r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
+            rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0))
     return rows.plan(count)
 
 
@@ -304,8 +360,10 @@ def _span(peer: int, blocks: list[int], blockrange: tuple[int, int]) -> tuple[in
     return peer, blocks[a], blocks[b] - blocks[a]
 
 
+# The whole all-reduces (simulate checks them); then the half types' ring in its two parts.
 PLANS = {"ring": ring, "recursive_doubling": recursive_doubling, "rabenseifner": rabenseifner,
          "chain": chain}  # fmt: skip
+PARTS = {"direct_exchange": direct_exchange, "all_gather": all_gather}
 
 
 def plan(algorithm: str, nranks: int, rank: int, count: int, **options) -> Plan:
@@ -313,7 +371,7 @@ def plan(algorithm: str, nranks: int, rank: int, count: int, **options) -> Plan:
     ``options`` go to the plan's function (the chain's ``itemsize`` and ``pieces``)."""
     if not 0 <= rank < nranks:
         raise ValueError(f"rank {rank} is not one of {nranks} ranks")
-    return PLANS[algorithm](nranks, rank, count, **options)
+    return (PLANS.get(algorithm) or PARTS[algorithm])(nranks, rank, count, **options)
 
 
 @dataclass

@@ -599,7 +599,16 @@ BAD_INPUT = [
         id="AVG-int32",
     ),
     pytest.param(
-        lambda: ringmpi.allreduce(np.ones(4, np.float16)), TypeError, "float16", id="dtype-float16"
+        lambda: ringmpi.allreduce(np.ones(4, np.float16), MPI.PROD),
+        TypeError,
+        "MPI.PROD.*float16",
+        id="PROD-float16",
+    ),
+    pytest.param(
+        lambda: ringmpi.allreduce(np.ones(4, ">f2")),
+        TypeError,
+        ">f2|float16",
+        id="dtype-f2-swapped",
     ),
     pytest.param(lambda: ringmpi.allreduce(np.ones(4), comm=7), TypeError, "comm", id="comm-int"),
     pytest.param(

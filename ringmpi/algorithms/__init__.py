@@ -11,13 +11,21 @@ names up with :func:`lookup`.
 In reproducible mode (``ctx.reproducible``) a floating or complex reduction
 must be folded in communicator rank order: :data:`KEEP_ORDER` lists the
 algorithms that do, and :func:`choose` keeps to them.
+
+The half types (float16, bfloat16; ``red.half``) promise 16 bits on the wire and
+one rounding: no algorithm that forwards partial results can keep both. An
+algorithm takes them only where it registers a way to (``half=``): the ring
+(inputs exchanged directly, then its all-gather) and shared_memory (every rank
+folds all inputs anyway). The others raise ValueError before any message,
+saying why (:data:`NO_HALF`); auto chooses among the ones that take them. Both
+fold in rank order in float32, so for the half types they also keep the order.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,12 +33,24 @@ from .. import _engine, _settings, tuning
 from .._comm import Context
 from ..kernels import Reduction
 
-__all__ = ["KEEP_ORDER", "Algorithm", "choose", "lookup", "names", "order_matters", "register"]
+__all__ = ["KEEP_ORDER", "NO_HALF", "Algorithm", "choose", "lookup", "names", "order_matters",
+           "register"]  # fmt: skip
 
 # The algorithms whose result is the left fold in communicator rank order, bitwise:
 # the chain, and shared_memory (every rank folds the slots in local-rank order, and
 # its node is the whole communicator, split with the rank as key: the same order).
 KEEP_ORDER = ("chain", "shared_memory")
+
+# Why each algorithm that has no half-type path cannot keep the half types' contract
+# (16 bits on the wire, float32 inside, one rounding at the end).
+NO_HALF = {
+    "recursive_doubling": "it swaps and reduces partial results, rounded to 16 bits at every step",
+    "rabenseifner": "it forwards partial results, rounded to 16 bits at every step",
+    "chain": "it forwards partial results along the chain, rounded to 16 bits at every rank",
+    "hierarchical": "it rounds once in each node and again across nodes",
+    "mpi": "MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, where it "
+    "exists) rounds every partial result to 16 bits",
+}
 
 AlgorithmFn = Callable[[np.ndarray, Reduction, Context, "np.ndarray | None"], None]
 
@@ -45,21 +65,35 @@ class Algorithm:
     # prepare(red, ctx) -> again(work, source): the call once more with the least
     # Python, for calls that repeat (an algorithm outside the step engine)
     prepare: Callable | None = None
+    # How it runs the half types (its variant for them, see choose), or None: it refuses
+    half: Algorithm | None = None
 
 
 _REGISTRY: dict[str, Algorithm] = {}
 
 
 def register(
-    name: str, *, own: bool = True, plan: str | None = None, prepare: Callable | None = None
+    name: str,
+    *,
+    own: bool = True,
+    plan: str | None = None,
+    prepare: Callable | None = None,
+    half: AlgorithmFn | bool = False,
 ) -> Callable[[AlgorithmFn], AlgorithmFn]:
     """Class the decorated function as algorithm ``name``; ``plan``: it is the step
     engine carrying out that plan, which the API may then repeat directly;
-    ``prepare``: how the API prepares a repeat of it otherwise."""
+    ``prepare``: how the API prepares a repeat of it otherwise; ``half``: it takes
+    the half types, True by the same function, or by the function given (which
+    the API repeats as a plain call)."""
 
     def deco(fn: AlgorithmFn) -> AlgorithmFn:
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _REGISTRY[name] = Algorithm(name, fn, summary, own, plan, prepare)
+        algo = Algorithm(name, fn, summary, own, plan, prepare)
+        if half is True:
+            algo = replace(algo, half=algo)
+        elif half:
+            algo = replace(algo, half=Algorithm(name, half, summary, own))
+        _REGISTRY[name] = algo
         return fn
 
     return deco
@@ -88,23 +122,48 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None) -
     Where the reduction order matters (``ctx.reproducible`` and a floating or
     complex ``red``; None counts as one) auto chooses among :data:`KEEP_ORDER`,
     and a named algorithm outside it raises ValueError, before any message.
+
+    For a half type the algorithm's half variant is returned; auto chooses among
+    the algorithms that have one, and a named one without it raises ValueError
+    (:data:`NO_HALF` says why), before any message.
     """
+    half = red is not None and red.half != 0
     ordered = ctx.reproducible and (red is None or order_matters(red))
     if name != "auto":
-        return _keeps_order(_REGISTRY[name], ordered, red, "algorithm")
+        return _checked(_REGISTRY[name], ordered, red, "algorithm")
     settings = _settings.snapshot(_AUTO_SETTINGS)
     if settings[0] and _settings.get("RINGMPI_ALGORITHM") != "auto":
         found = _REGISTRY[lookup(_settings.get("RINGMPI_ALGORITHM"))]
-        return _keeps_order(found, ordered, red, "RINGMPI_ALGORITHM")
-    found = ctx.chosen.get((nbytes, settings, ordered))
-    return _REGISTRY[found if found is not None else _auto(nbytes, ctx, settings, ordered)]
+        return _checked(found, ordered, red, "RINGMPI_ALGORITHM")
+    found = ctx.chosen.get((nbytes, settings, ordered, half))
+    algo = _REGISTRY[found if found is not None else _auto(nbytes, ctx, settings, ordered, half)]
+    return algo.half if half else algo  # type: ignore[return-value]
+
+
+def _checked(algo: Algorithm, ordered: bool, red: Reduction | None, where: str) -> Algorithm:
+    if red is None or not red.half:
+        return _keeps_order(algo, ordered, red, where)
+    if algo.half is None:
+        # Every half-type path folds in rank order: reproducible mode needs no more.
+        raise ValueError(
+            f"{where}: {algo.name!r} cannot reduce {red.describe()} with one rounding: "
+            f"{NO_HALF.get(algo.name, 'it has no half-type path')}; algorithms that can: auto, "
+            f"{', '.join(half_algorithms())} (shared_memory on one node only)"
+        )
+    return algo.half
+
+
+def half_algorithms() -> list[str]:
+    """The algorithms that take the half types."""
+    return [name for name, algo in _REGISTRY.items() if algo.half is not None]
 
 
 def order_matters(red: Reduction) -> bool:
     """Whether the order of reduction can change the bits of ``red``'s result: for
     floating and complex dtypes, every op (MAX and MIN too, on -0.0 and NaN).
-    Integer and bool arithmetic wraps exactly: any order gives the same bits."""
-    return red.dtype.kind in "fc"
+    Integer and bool arithmetic wraps exactly: any order gives the same bits. The
+    half types count (every algorithm that takes them folds in rank order)."""
+    return red.dtype.kind in "fc" or red.half != 0
 
 
 def _keeps_order(algo: Algorithm, ordered: bool, red: Reduction | None, where: str) -> Algorithm:
@@ -123,10 +182,12 @@ _AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE
                   "RINGMPI_NODE_PLACEMENT")  # fmt: skip
 
 
-def _auto(nbytes: int, ctx: Context, settings: tuple, ordered: bool) -> str:
+def _auto(nbytes: int, ctx: Context, settings: tuple, ordered: bool, half: bool = False) -> str:
     nodes, per_node = hierarchical.node_shape(ctx, *hierarchical.node_settings())
     costs = tuning.load(per_node)
-    if ordered:
+    if half:  # the ones with a half-type path (all of which keep the rank order)
+        candidates = [a for a in usable(ctx) if _REGISTRY[a].half is not None]
+    elif ordered:
         one_node = ctx.node.Get_size() == ctx.size
         candidates = [a for a in KEEP_ORDER if a != "shared_memory" or one_node]
     else:
@@ -137,7 +198,7 @@ def _auto(nbytes: int, ctx: Context, settings: tuple, ordered: bool) -> str:
     found = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, candidates)
     if len(ctx.chosen) >= _CHOICES_KEPT:
         ctx.chosen.clear()
-    ctx.chosen[(nbytes, settings, ordered)] = found
+    ctx.chosen[(nbytes, settings, ordered, half)] = found
     return found
 
 

@@ -27,6 +27,21 @@ tag names the (op, dtype) pair and a fingerprint of the count, and its size is
 checked on arrival: a rank whose left neighbour disagrees on count, dtype or op
 raises RingMPIError at its first step, never returns a silent wrong answer, and
 no message is ever received into more memory than the segment it belongs to.
+
+**Half types** (float16, bfloat16). The reduce-scatter above forwards partial
+results: in 16 bits each step would round them, and the contract is one
+rounding. So for the half types the reduce-scatter is a **direct exchange** of
+inputs (:func:`ringmpi.plans.direct_exchange`): in step s rank r sends its own
+input's chunk (r + 1 + s) straight to that chunk's owner, rank (r + s), and
+receives rank (r - s)'s input for the chunk it owns, (r + 1). After N - 1
+steps it holds all N 16-bit contributions to its chunk, widens them to float32,
+folds them in rank order (AVG divides there) and rounds once; the ring's
+all-gather then sends the finished 16-bit chunks round. Bytes and steps are
+the ring's: (N-1)/N of the buffer each way, 2(N-1) steps, every byte sent 16
+bits an element. Each step is a permutation, so no rank receives more than one
+chunk at a time, but the partners change every step (r +- s) where the ring
+keeps its two neighbours. Since the fold is in rank order, the result is
+bitwise the one shared_memory gives, and reproducible.
 """
 
 from __future__ import annotations
@@ -37,11 +52,64 @@ import numpy as np
 
 from .. import _engine
 from .._comm import Context
-from ..kernels import Reduction
+from ..kernels import Reduction, copy
+from ..plans import direct_slots
+from ..schedule import chunk_bounds
 from . import register
 
 
-@register("ring", plan="ring")
+def ring_half(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
+    """The ring for the half types: inputs exchanged directly, one rounding, all-gather."""
+    n = work.size
+    mine = _Half.of(ctx, n)
+    out, src = red.lanes(work), red.lanes(work if source is None else source)
+    if ctx.size == 1:
+        if source is not None:
+            copy(out, src)
+        return
+    # The working buffer: this rank's input, then a slot per other rank's input for
+    # the chunk this rank finishes.
+    buf = ctx.scratch(2 * mine.length).view(np.uint16)
+    copy(buf[:n], src)
+    _engine.run(ctx.plan("direct_exchange", n), buf, red, ctx, "ring")
+    red.fold_inputs(out[mine.lo : mine.hi], buf, mine.starts, ctx.size)
+    _engine.run(ctx.plan("all_gather", n), out, red, ctx, "ring")
+
+
+class _Half:
+    """Per count: the chunk this rank finishes, its slots, the working buffer's length."""
+
+    def __init__(self, ctx: Context, n: int) -> None:
+        bounds = chunk_bounds(n, ctx.size)
+        c = (ctx.rank + 1) % ctx.size
+        self.lo, self.hi = bounds[c], bounds[c + 1]
+        self.starts = direct_slots(ctx.size, ctx.rank, n)
+        self.length = n + (ctx.size - 1) * (self.hi - self.lo)
+
+    @staticmethod
+    def of(ctx: Context, n: int) -> _Half:
+        cache = ctx.extra.get("ring_half")
+        if cache is None:
+            cache = ctx.extra["ring_half"] = _Counts()
+        found = cache.get(n)
+        if found is None:
+            if len(cache) >= _KEPT:
+                cache.clear()
+            found = cache[n] = _Half(ctx, n)
+        return found
+
+
+class _Counts(dict):
+    def free(self) -> None:
+        self.clear()
+
+
+_KEPT = 64
+
+
+@register("ring", plan="ring", half=ring_half)
 def ring_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:

@@ -8,6 +8,12 @@ order into its own result: one synchronisation and one pass over L inputs
 per call, against lg L message steps for recursive doubling, and the same
 order of operations on every rank, so the results are bitwise identical.
 
+The half types (float16, bfloat16) fit this algorithm as they are: every rank
+already reads all L 16-bit contributions, so it widens them to float32, folds
+them in local-rank order, divides there for AVG, and rounds once
+(:meth:`ringmpi.kernels.Reduction.fold_inputs`). The window holds 16 bits an
+element; no partial result is ever rounded.
+
 A rank may write its slot again only when every rank has finished reading it:
 the slots come in two sets used by alternate calls. A rank at call k writes
 set k mod 2 without a second wait: it saw every flag reach k - 1 at the end
@@ -31,7 +37,7 @@ from .._capi import handle, mpi_win_sync, store_release
 from .._comm import Context, timed_out
 from .._errors import RingMPIError
 from .._shm import await_flags, node_window
-from ..kernels import Reduction, combine_by_code, decode_tag, divide_by
+from ..kernels import Reduction, combine_by_code, decode_tag, divide_by, fold_half
 from . import register
 
 __all__ = ["SET_BYTES", "prepare", "warm"]
@@ -41,9 +47,9 @@ SET_BYTES = 1 << 16
 _HEADER = 64  # a cache line of int64 cells: the flag, then (count, code) per set
 # params cells (int64), then the report [what, rank, detail, detail]: what is
 # _DISAGREE (rank, its count, its code) or _TIMED_OUT (rank, piece)
-_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _NPARAMS = (
-    range(12)
-)
+# _HALF: the half type (Reduction.half, 0: none), _AVG_BY: what its fold divides by
+(_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _HALF,
+ _AVG_BY, _NPARAMS) = range(14)  # fmt: skip
 _DISAGREE, _TIMED_OUT = 1, 2
 
 
@@ -55,6 +61,8 @@ def _allreduce(work, source, data, flags, params, divisor):
     rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
     hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
     sleepy, win, timeout = params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT]
+    half, avg_by = params[_HALF], params[_AVG_BY]
+    starts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err = params[_NPARAMS:]
     err[0] = 0
     n = work.size
@@ -85,6 +93,15 @@ def _allreduce(work, source, data, flags, params, divisor):
                 err[0], err[1], err[2], err[3] = _DISAGREE, r, their_n, their_tag
                 return
         out = work[done : done + m]
+        if half:
+            # Half types: all L slots widened, folded in float32, rounded once.
+            for r in range(size):
+                starts[r] = r * dstride + hdr + b * cap
+            fold_half(out, data, starts, code, half, avg_by)
+            done += m
+            if done >= n:
+                return
+            continue
         at = hdr + b * cap
         for i in range(m):
             out[i] = data[at + i]
@@ -157,7 +174,8 @@ def _state(red: Reduction, ctx: Context) -> tuple:
         params = np.zeros(_NPARAMS + 4, np.int64)
         params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                              _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
-                             int(ctx.sleepy), node.handle, round(ctx.timeout * 1e9))  # fmt: skip
+                             int(ctx.sleepy), node.handle, round(ctx.timeout * 1e9), red.half,
+                             red.avg_divisor(ctx.size))  # fmt: skip
         split = lanes != red.dtype
         found = node.calls[key] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
     return found
@@ -213,7 +231,7 @@ def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context) 
     )
 
 
-@register("shared_memory", prepare=prepare)
+@register("shared_memory", prepare=prepare, half=True)
 def shared_memory_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:

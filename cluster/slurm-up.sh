@@ -84,6 +84,20 @@ munged --force \
 munge --socket="$socket" -n </dev/null | unmunge --socket="$socket" >/dev/null \
   || die "munge does not answer on $socket (see $dir/log/munged.log)"
 
+# --- job ids that never repeat on this machine ---------------------------------------
+# MPICH names its node's start-up segment (/dev/shm/mpich_shm_*) after the PMI job
+# identity, which under srun --mpi=pmi2 comes from the Slurm job id. A step that is
+# killed or aborts (MPI_Abort) can leave that segment behind, and a later step under
+# the same job id - a restarted cluster counts from 1 again - opens the stale segment
+# instead of a new one: its ranks spin in MPI_Init for ever (seen here: after a
+# restart job ids 5-11 hung every time until their stale segments were removed). A
+# site's job ids do not repeat; here each start takes a fresh block of 100,000 ids,
+# counted in a file that lives as long as such segments do: in /dev/shm.
+ids=/dev/shm/ringmpi-slurm-next-job-id
+first_job_id=$(cat "$ids" 2>/dev/null || echo 1)
+[[ $first_job_id =~ ^[0-9]+$ ]] && ((first_job_id < 60000000)) || first_job_id=1
+echo $((first_job_id + 100000)) >"$ids"
+
 # --- slurm.conf ---------------------------------------------------------------------
 cat >"$conf" <<EOF
 # Written by cluster/slurm-up.sh: one node, this machine; removed by slurm-down.sh.
@@ -117,6 +131,7 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=5
 MinJobAge=600
+FirstJobId=$first_job_id
 NodeName=$node NodeHostname=$node NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=60 State=UP OverSubscribe=NO
 EOF

@@ -59,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds per size and algorithm: fewer calls when one is slow; 0: always -n (0.5)",
     )  # fmt: skip
     p.add_argument("-c", "--check", type=int, default=1, help="verify results: 1 or 0 (1)")
-    p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype name (float32)")
+    p.add_argument("-d", "--datatype", default="float32",
+                   help="NumPy dtype name, or bfloat16 (float32)")  # fmt: skip
     p.add_argument("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
     p.add_argument(
         "-a", "--algorithm", default="auto,mpi",
@@ -294,6 +295,16 @@ def main(argv: list[str] | None = None) -> int:
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
         names = _names(args.algorithm)
         variants = {name: _variant(name) for name in names}
+        if red.half:  # 16 bits on the wire and one rounding: only some algorithms can
+            takes = ("auto", *algorithms.half_algorithms())
+            if args.algorithm in (parser.get_default("algorithm"), "all"):
+                names = [n for n in names if variants[n][0] in takes]
+            for n in names:
+                if variants[n][0] not in takes:
+                    raise ValueError(
+                        f"algorithm: {n} cannot reduce {red.describe()} with one rounding "
+                        f"(algorithms that can: {', '.join(takes)})"
+                    )
         if RAW in names and op is AVG:
             raise ValueError(f"algorithm: {RAW} (MPI's own Allreduce) has no AVG; use mpi")
         node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked

@@ -191,3 +191,30 @@ def test_import_ringmpi_does_not_import_ml_dtypes():
     code = "import sys, ringmpi; print('ml_dtypes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_cli_verifies_half_types(tmp_path, dtype, op):
+    import json
+
+    from test_cli import ring_bytes_ratio, run
+
+    out = tmp_path / "r.json"
+    p = run(3, "-d", dtype, "-o", op, "-a", "ring,shared_memory,auto", "-b", "2", "-e", "2000",
+            "-f", "10", "-n", "2", "-w", "0", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 * 4
+    assert all(r["wrong"] == 0 for r in rows)
+    for r in rows:
+        if r["algorithm"] == "ring":
+            assert r["bytes_per_rank"] == pytest.approx(ring_bytes_ratio(3, r["count"]))
+
+
+def test_cli_refuses_algorithms_that_round_twice():
+    from test_cli import run
+
+    p = run(2, "-d", "bfloat16", "-a", "ring,mpi", "-b", "8", "-e", "8")
+    assert p.returncode == 2
+    assert "mpi cannot reduce sum on bfloat16 with one rounding" in p.stderr

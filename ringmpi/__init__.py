@@ -7,6 +7,7 @@
 
     ringmpi.Allreduce(MPI.IN_PLACE, grads, op=ringmpi.AVG)   # like comm.Allreduce
     total = ringmpi.allreduce(x)                              # a new array
+    ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "Trace",
     "abort_on_error",
     "allreduce",
+    "allreduce_many",
     "trace",
 ]
 
@@ -40,6 +42,7 @@ _WHERE = {
     "Trace": "_trace",
     "abort_on_error": "_errors",
     "allreduce": "_api",
+    "allreduce_many": "buckets",
     "trace": "_trace",
 }
 
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from ._api import Allreduce, Comm, allreduce
     from ._errors import RingMPIError, abort_on_error
     from ._trace import Trace, trace
+    from .buckets import allreduce_many
     from .kernels import AVG
 
 

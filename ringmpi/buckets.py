@@ -1,0 +1,442 @@
+"""Fused buckets: ``allreduce_many`` reduces many arrays in a few collectives.
+
+A training step all-reduces one gradient per parameter: 200 arrays of a few
+KiB each. One collective per array pays the latency (alpha in the cost model)
+200 times for very little data. Like Horovod's tensor fusion and PyTorch DDP's
+buckets, ``allreduce_many`` packs the arrays into a few contiguous *buckets*
+of at most ``bucket_bytes`` each, reduces each bucket with one ringmpi
+all-reduce, and copies the results back::
+
+    arrays       a0 (f4, 3 KiB)  a1 (f8, 8 KiB)  a2 (f4, 40 KiB)  a3 (f4, 9 MiB)  a4 (f4, 1 KiB)
+    collectives  a3 (float32, in place)  [a0 a2 a4] (float32, packed)  [a1] (float64, packed)
+
+The layout -- the *plan* -- is a pure function of the call's signature (the
+arrays' shapes and dtypes in list order, the op, ``bucket_bytes``, the
+algorithm, reproducible mode):
+
+- dtypes in order of first appearance in the list;
+- within a dtype, first each array of ``bucket_bytes`` or more, alone and in
+  place (no copy), in list order; then the others, packed in list order into
+  a bucket until the next one would not fit, when a new bucket starts;
+- empty arrays take no part.
+
+Every rank therefore runs the same collectives in the same order, provided
+every rank passed the same signature. That is checked before anything is
+sent, by one small nonblocking all-reduce of a 64-bit digest of the signature
+(its maximum and the maximum of its negation, which differ exactly when the
+ranks disagree) together with a flag for a rank that found a local mistake
+(a read-only array, an op its dtype does not take): then every rank raises,
+after one all-gather that lets each name what differs -- none hangs, none
+reduces a mismatched bucket.
+
+Plans are kept (the last few signatures), and with them the pack buffers: a
+training loop that calls with the same arrays every step allocates nothing
+after the first, and the per-bucket all-reduces take ringmpi's repeat path
+(same buffer objects each time). One pack buffer per dtype, as large as that
+dtype's largest bucket, is shared by its buckets in turn (they are reduced one
+after another), so it stays in cache between packing, reducing and unpacking.
+
+``python -m ringmpi.buckets`` benchmarks fused buckets against one ringmpi
+call per array and one ``MPI_Allreduce`` per array (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _settings, algorithms, kernels
+from ._api import Allreduce, _as_array
+from ._cli import _size
+from ._comm import check_comm, complete, context
+from ._errors import RingMPIError
+from ._settings import flag
+
+__all__ = ["BUCKET_BYTES", "allreduce_many"]
+
+# 4 MiB: the measured knee of docs/performance.md (200 float32 arrays of 1-64 KiB at
+# 2 ranks): from 1 MiB to 16 MiB the fused time stays within a few per cent, while
+# smaller buckets pay the per-collective latency again and larger ones no longer
+# stay in cache between packing, reducing and unpacking. PyTorch DDP's default is
+# 25 MiB and Horovod's 64 MiB, sized to overlap communication with a backward pass
+# on a GPU; ringmpi's calls are synchronous on the CPU, where there is nothing to
+# overlap and cache reuse is what counts.
+BUCKET_BYTES = 4 << 20
+
+_PLANS_KEPT = 4  # signatures whose plans (and pack buffers) are kept
+
+
+def allreduce_many(
+    arrays: Sequence[Any],
+    op: Any = MPI.SUM,
+    comm: MPI.Intracomm | None = None,
+    *,
+    bucket_bytes: int = BUCKET_BYTES,
+    algorithm: str = "auto",
+    timeout: float | None = None,
+    reproducible: bool | None = None,
+) -> None:
+    """All-reduce every array of ``arrays`` in place, in a few fused buckets.
+
+    ``arrays``: NumPy arrays (any shapes, dtypes and strides) or anything else
+    ``ringmpi.Allreduce`` takes as a receive buffer (buffer objects, DLPack
+    producers in CPU memory); each must be writeable, and no two may overlap.
+    Every rank must pass arrays of the same shapes and dtypes in the same order,
+    the same ``op``, ``bucket_bytes``, ``algorithm`` and reproducible mode: that
+    is checked first (one small collective), and every rank raises when they do
+    not. ``op``, ``comm``, ``algorithm``, ``timeout`` and ``reproducible`` mean
+    what they mean for ``ringmpi.Allreduce``: every rank ends with the same bits,
+    and with ``reproducible`` they are the left fold in rank order, whatever the
+    packing. Non-contiguous arrays cost nothing extra: every packed array is
+    copied into its bucket and back anyway.
+    """
+    comm = check_comm(comm)  # no collective can tell the others about a bad comm
+    waits = _settings.seconds(
+        _settings.get("RINGMPI_TIMEOUT") if timeout is None else timeout,
+        "RINGMPI_TIMEOUT" if timeout is None else "timeout",
+    )
+    ordered = flag("RINGMPI_REPRODUCIBLE") if reproducible is None else bool(reproducible)
+    plan = problem = None
+    views: list[np.ndarray] = []
+    try:
+        views, plan = _prepare(arrays, op, bucket_bytes, algorithm, ordered)
+    except (TypeError, ValueError) as exc:
+        problem = exc
+    _agree(comm, waits, plan, problem)
+    for bucket in plan.buckets:
+        work = bucket.work
+        if work is None:  # a large array, reduced where it is
+            index = bucket.members[0][0]
+            Allreduce(MPI.IN_PLACE, views[index], op, comm, algorithm=algorithm,
+                      timeout=timeout, reproducible=ordered)  # fmt: skip
+            continue
+        for index, packed in bucket.members:
+            np.copyto(packed, views[index])
+        Allreduce(MPI.IN_PLACE, work, op, comm, algorithm=algorithm, timeout=timeout,
+                  reproducible=ordered)  # fmt: skip
+        for index, packed in bucket.members:
+            np.copyto(views[index], packed)
+
+
+# --- the plan --------------------------------------------------------------------
+
+
+@dataclass
+class _Bucket:
+    # The packed buffer (a view of its dtype's pack buffer), or None: the one member
+    # is reduced in place.
+    work: np.ndarray | None
+    # (index in the list, view of `work` shaped like that array); for work None, the
+    # view is None.
+    members: list[tuple[int, np.ndarray | None]]
+
+
+@dataclass
+class _Plan:
+    digest: int  # 63 bits of the signature's hash: what the ranks compare
+    signature: tuple  # what the ranks compare, in words, when the digests differ
+    buckets: list[_Bucket]
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _prepare(
+    arrays: Sequence[Any], op: Any, bucket_bytes: int, algorithm: str, ordered: bool
+) -> tuple[list[np.ndarray], _Plan]:
+    """The arrays' NumPy views and the call's plan; TypeError or ValueError for a
+    mistake this rank can see."""
+    if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
+        raise TypeError(f"arrays must be a list or tuple of arrays, not {type(arrays).__name__}")
+    if not isinstance(bucket_bytes, (int, np.integer)) or bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes must be a positive int, not {bucket_bytes!r}")
+    algorithms.lookup(algorithm)
+    views = [_as_array(a, f"arrays[{i}]") for i, a in enumerate(arrays)]
+    for i, v in enumerate(views):
+        if not v.flags.writeable:
+            raise ValueError(f"arrays[{i}] is read-only ({type(arrays[i]).__name__})")
+    op_key = MPI._handleof(op) if isinstance(op, MPI.Op) else id(op)
+    key = (tuple((v.shape, v.dtype) for v in views), op_key, int(bucket_bytes), algorithm,
+           ordered)  # fmt: skip
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _make_plan(views, op, int(bucket_bytes), algorithm, ordered)
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        _plans[key] = plan
+    return views, plan
+
+
+def _make_plan(
+    views: list[np.ndarray], op: Any, bucket_bytes: int, algorithm: str, ordered: bool
+) -> _Plan:
+    groups: dict[np.dtype, list[int]] = {}
+    for i, v in enumerate(views):
+        groups.setdefault(v.dtype, []).append(i)
+    for dt in groups:
+        kernels.reduction(op, dt)  # TypeError/ValueError before any message
+    op_name = kernels._spec_of(op).name
+    buckets: list[_Bucket] = []
+    for dt, members in groups.items():
+        # Packed buckets as (start, stop, members) in elements of one pack buffer,
+        # which is then allocated once, as large as the largest bucket.
+        packed: list[tuple[int, list[tuple[int, int]]]] = []
+        size, current = 0, []
+        for i in members:
+            n = views[i].size
+            if n == 0:
+                continue
+            if n * dt.itemsize >= bucket_bytes:
+                buckets.append(_Bucket(None, [(i, None)]))
+                continue
+            if (size + n) * dt.itemsize > bucket_bytes:
+                packed.append((size, current))
+                size, current = 0, []
+            current.append((i, size))
+            size += n
+        if current:
+            packed.append((size, current))
+        if not packed:
+            continue
+        buffer = np.empty(max(s for s, _ in packed), dt)
+        for size, current in packed:
+            work = buffer[:size]
+            buckets.append(
+                _Bucket(
+                    work,
+                    [
+                        (i, work[at : at + views[i].size].reshape(views[i].shape))
+                        for i, at in current
+                    ],
+                )
+            )
+    signature = (
+        tuple((v.shape, f"{v.dtype.name}") for v in views),
+        op_name,
+        bucket_bytes,
+        algorithm,
+        ordered,
+    )
+    digest = hashlib.blake2b(repr(signature).encode(), digest_size=8).digest()
+    return _Plan(int.from_bytes(digest, "little") >> 1, signature, buckets)
+
+
+# --- every rank agrees, or every rank raises ----------------------------------------
+
+
+def _agree(comm: MPI.Intracomm, waits: float, plan: _Plan | None, problem: Exception | None):
+    """One small all-reduce: the digests' maximum and the maximum of their negation
+    (equal up to sign exactly when every rank has the same digest), and whether
+    any rank found a mistake. Otherwise every rank raises, naming what differs."""
+    ctx = context(comm, waits)
+    if ctx.broken is not None:
+        raise RingMPIError(ctx.broken)
+    ctx.timeout = waits
+    digest = 0 if plan is None else plan.digest
+    mine = np.array([digest, -digest, problem is not None], np.int64)
+    them = np.empty(3, np.int64)
+    complete(
+        ctx.comm.Iallreduce(mine, them, MPI.MAX),
+        ctx,
+        f"rank {ctx.rank}: allreduce_many's check",
+        "the other ranks' signatures (an all-reduce: MPI does not say which rank is missing)",
+    )
+    if them[0] == -them[1] and not them[2]:
+        return
+    said = ctx.comm.allgather(
+        (None if plan is None else plan.signature, None if problem is None else repr(problem))
+    )
+    if problem is not None:
+        raise problem
+    raise RingMPIError("allreduce_many: " + _differences(said))
+
+
+_FIELDS = ("arrays", "op", "bucket_bytes", "algorithm", "reproducible")
+
+
+def _differences(said: list[tuple]) -> str:
+    """The same words on every rank: which ranks raised, or what the signatures differ in."""
+    raised = [f"rank {r} raised {p}" for r, (_, p) in enumerate(said) if p is not None]
+    if raised:
+        return "; ".join(raised[:4]) + " (no rank sent anything)"
+    signatures = [s for s, _ in said]
+    for field, i in zip(_FIELDS, range(5), strict=True):
+        values = [s[i] for s in signatures]
+        if len(set(values)) == 1:
+            continue
+        if field != "arrays":
+            return "ranks disagree on " + field + ": " + _by_rank(values)
+        counts = [len(v) for v in values]
+        if len(set(counts)) > 1:
+            return "ranks disagree on the number of arrays: " + _by_rank(counts)
+        for k in range(counts[0]):
+            at = [v[k] for v in values]
+            if len(set(at)) > 1:
+                return f"ranks disagree on arrays[{k}] (shape, dtype): " + _by_rank(at)
+    return "ranks disagree on the call"  # a digest collision's other face: never seen
+
+
+def _by_rank(values: list) -> str:
+    groups: dict[Any, list[int]] = {}
+    for rank, v in enumerate(values):
+        groups.setdefault(v, []).append(rank)
+    return "; ".join(
+        f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r[:6]))}"
+        + ("..." if len(r) > 6 else "")
+        + f" {v!r}"
+        for v, r in groups.items()
+    )
+
+
+# --- the benchmark: python -m ringmpi.buckets ---------------------------------------
+# Gradients of a training step: --arrays float32 arrays whose sizes are drawn (seeded,
+# the same on every rank) log-uniformly from --min to --max bytes. Each repetition
+# runs every method once, in a rotated order, on fresh copies of the inputs; a
+# method's time in a repetition is the slowest rank's, and the table gives each
+# method's median over the repetitions. Inputs are small integers in floating point
+# (rank + 1 times a small pattern), so every sum is exact and #wrong is exact too.
+
+
+def _inputs(nbytes: list[int], dtype: np.dtype, rank: int) -> list[np.ndarray]:
+    return [
+        ((np.arange(n // dtype.itemsize) % 7) + i % 5).astype(dtype) * (rank + 1)
+        for i, n in enumerate(nbytes)
+    ]
+
+
+def _methods(comm: MPI.Intracomm, op: Any, buckets: list[int], algorithm: str) -> dict:
+    ring = comm  # one name per method, one closure each
+
+    def fused(b: int):
+        return lambda arrays: allreduce_many(arrays, op, ring, bucket_bytes=b, algorithm=algorithm)
+
+    def fresh(arrays):  # the plan and its pack buffers made anew: no reuse
+        _plans.clear()
+        allreduce_many(arrays, op, ring, bucket_bytes=buckets[0], algorithm=algorithm)
+
+    def each_ringmpi(arrays):
+        for a in arrays:
+            Allreduce(MPI.IN_PLACE, a, op, ring, algorithm=algorithm)
+
+    def each_mpi(arrays):
+        for a in arrays:
+            ring.Allreduce(MPI.IN_PLACE, a, op)
+
+    found = {f"fused {_human(b)}": fused(b) for b in buckets}
+    found[f"fused {_human(buckets[0])}, no reuse"] = fresh
+    found["ringmpi each"] = each_ringmpi
+    found["MPI_Allreduce each"] = each_mpi
+    return found
+
+
+def _human(n: int) -> str:
+    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def _collectives(nbytes: list[int], itemsize: int, bucket_bytes: int) -> int:
+    """Buckets of one dtype, as _make_plan forms them."""
+    count, size = 0, 0
+    for raw in nbytes:
+        n = raw // itemsize * itemsize
+        if n >= bucket_bytes:
+            count += 1
+        elif size + n > bucket_bytes:
+            count, size = count + 1, n
+        else:
+            size += n
+    return count + (size > 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m ringmpi.buckets",
+        description="Fused buckets (allreduce_many) against one call per array.",
+    )
+    p.add_argument("--arrays", type=int, default=200, help="arrays per step (200)")
+    p.add_argument("--min", type=_size, default=1 << 10, help="smallest array, bytes (1K)")
+    p.add_argument("--max", type=_size, default=64 << 10, help="largest array, bytes (64K)")
+    p.add_argument("-d", "--dtype", default="float32", help="dtype (float32)")
+    p.add_argument("-o", "--op", default="sum", help="op (sum)")
+    p.add_argument("-a", "--algorithm", default="auto", help="ringmpi's algorithm (auto)")
+    p.add_argument(
+        "--bucket-bytes", type=_size, nargs="+", default=[BUCKET_BYTES],
+        help=f"bucket sizes; the first also runs without reuse ({_human(BUCKET_BYTES)})",
+    )  # fmt: skip
+    p.add_argument("-n", "--iters", type=int, default=30, help="repetitions (30)")
+    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed repetitions first (3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sizes (0)")
+    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
+    args = p.parse_args(argv)
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dtype = np.dtype(args.dtype)
+    op = kernels.op_from_name(args.op)
+    rng = np.random.default_rng(args.seed)
+    lo, hi = np.log(args.min), np.log(args.max)
+    nbytes = [max(dtype.itemsize, int(np.exp(rng.uniform(lo, hi)))) for _ in range(args.arrays)]
+    inputs = _inputs(nbytes, dtype, rank)
+    scale = size * (size + 1) // 2  # sum over ranks of (rank + 1)
+    expected = [x / (rank + 1) * scale for x in inputs] if args.op == "sum" else None
+    methods = _methods(comm, op, args.bucket_bytes, args.algorithm)
+    names = list(methods)
+    times: dict[str, list[float]] = {m: [] for m in names}
+    wrong = dict.fromkeys(names, 0)
+    work = [x.copy() for x in inputs]
+    for rep in range(args.warmup + args.iters):
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
+            for w, x in zip(work, inputs, strict=True):
+                w[...] = x
+            comm.Barrier()
+            t0 = time.perf_counter()
+            methods[name](work)
+            elapsed = comm.allreduce(time.perf_counter() - t0, MPI.MAX)
+            if rep >= args.warmup:
+                times[name].append(elapsed)
+            if expected is not None:
+                wrong[name] += sum(
+                    int(np.count_nonzero(w != e)) for w, e in zip(work, expected, strict=True)
+                )
+    wrong = {m: comm.allreduce(v) for m, v in wrong.items()}
+    total = sum(x.nbytes for x in inputs)
+    rows = []
+    base = float(np.median(times["MPI_Allreduce each"]))
+    for name in names:
+        b = next((b for b in args.bucket_bytes if name.startswith(f"fused {_human(b)}")), None)
+        calls = _collectives(nbytes, dtype.itemsize, b) if b is not None else args.arrays
+        med = float(np.median(times[name]))
+        rows.append({"method": name, "collectives": calls, "median_ms": med * 1e3,
+                     "min_ms": min(times[name]) * 1e3, "vs_mpi_each": base / med,
+                     "wrong": wrong[name] if expected is not None else None})  # fmt: skip
+    if rank == 0:
+        print(f"# ranks {size}, {args.arrays} {dtype.name} arrays of {_human(args.min)}-"
+              f"{_human(args.max)} ({total / 2**20:.2f} MiB), op {args.op}, algorithm "
+              f"{args.algorithm}, median of {args.iters} interleaved repetitions")  # fmt: skip
+        print(f"{'method':<24} {'collectives':>11} {'median ms':>10} {'min ms':>8} "
+              f"{'vs MPI each':>11} {'#wrong':>7}")  # fmt: skip
+        for r in rows:
+            w = "-" if r["wrong"] is None else r["wrong"]
+            print(f"{r['method']:<24} {r['collectives']:>11} {r['median_ms']:>10.3f} "
+                  f"{r['min_ms']:>8.3f} {r['vs_mpi_each']:>10.2f}x {w:>7}")  # fmt: skip
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": size, "arrays": args.arrays, "bytes": total,
+                           "dtype": dtype.name, "rows": rows}, f, indent=1)  # fmt: skip
+    return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -608,20 +608,36 @@ def _f16_narrow(f):
     return np.uint16(sign | h)
 
 
+_BLOCK = 2048  # elements a fold widens at a time: its float32 sums stay in L1
+
+
 @_element
 def _fold_inputs(out, data, starts, divisor, op, widen, narrow):
     """``out[i] = narrow((x_0 (op) x_1 (op) ... x_(K-1)) / divisor)``, where x_k is
     ``widen(data[starts[k] + i])``: K 16-bit contributions folded in float32 in the
-    order of ``starts``, divided (AVG; 0 for none) and rounded once."""
-    k = starts.size
+    order of ``starts``, divided (AVG; 0 for none) and rounded once.
+
+    Block by block, one pass per contribution over a float32 block: each pass
+    reads one array in order, so LLVM vectorizes it (a loop over contributions
+    inside the loop over elements does not)."""
+    k, n = starts.size, out.size
+    acc = np.empty(min(n, _BLOCK), np.float32)
     d = np.float32(divisor)
-    for i in range(out.size):
-        acc = widen(data[starts[0] + i])
+    for lo in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - lo)
+        src = data[starts[0] + lo : starts[0] + lo + m]
+        for i in range(m):
+            acc[i] = widen(src[i])
         for r in range(1, k):
-            acc = op(acc, widen(data[starts[r] + i]))
+            src = data[starts[r] + lo : starts[r] + lo + m]
+            for i in range(m):
+                acc[i] = op(acc[i], widen(src[i]))
         if divisor > 0:
-            acc = acc / d
-        out[i] = narrow(acc)
+            for i in range(m):
+                acc[i] = acc[i] / d
+        dst = out[lo : lo + m]
+        for i in range(m):
+            dst[i] = narrow(acc[i])
 
 
 @_jit

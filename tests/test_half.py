@@ -132,7 +132,9 @@ def test_fold_inputs_is_the_contract(name, kind, dt, k):
     red = reduction(kernels.op_from_name(name), dt)
     red.fold_inputs(out, data, starts, k)
     want = _emulate(parts, name, dt)
-    assert np.array_equal(out.view(np.uint16), want.view(np.uint16))
+    nan = np.isnan(want.astype(np.float32))  # a NaN's sign and payload are not promised
+    assert np.array_equal(np.isnan(out.astype(np.float32)), nan)
+    assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
 def test_overflow_goes_to_infinity_once():

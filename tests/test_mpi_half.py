@@ -156,7 +156,10 @@ def test_special_values(dt):
         want = _emulate(parts, name, dt)
         for algorithm in ALGORITHMS:
             got = _call(x, op, algorithm, False)
-            if got.view(np.uint16).tobytes() != want.view(np.uint16).tobytes():
+            # A NaN's sign and payload are not promised (inf - inf, vectorized or not).
+            nan = np.isnan(want.astype(np.float32))
+            same = got.view(np.uint16) == want.view(np.uint16)
+            if not (np.isnan(got.astype(np.float32)) == nan).all() or not same[~nan].all():
                 problems.append(f"{name} {algorithm}: {got.tolist()} != {want.tolist()}")
             if name == "max":
                 with np.errstate(invalid="ignore"):

@@ -255,3 +255,16 @@ def test_an_empty_list_is_a_check_and_nothing_else():
         ringmpi.allreduce_many([], comm=WORLD)
         ringmpi.allreduce_many([np.ones(0)], comm=WORLD)
     agree(WORLD, [] if t.calls == 0 else [f"{t.calls} collectives"])
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring"])
+@pytest.mark.parametrize("op", [MPI.SUM, ringmpi.AVG, MPI.MAX], ids=["sum", "avg", "max"])
+def test_half_types_in_buckets(op, algorithm):
+    # float16 and bfloat16 (ml_dtypes) share buckets with float32: each dtype its own.
+    dtypes = ["float16", "bfloat16", "float32"]
+    problems = []
+    for call in range(2):
+        arrays, want = arrays_for(op, dtypes, nranks=SIZE)
+        ringmpi.allreduce_many(arrays, op, WORLD, bucket_bytes=64, algorithm=algorithm)
+        problems += check(arrays, want, f"call {call}")
+    agree(WORLD, problems)

@@ -328,8 +328,19 @@ _settings_now = _settings.watcher(_SETTINGS)
 # arguments; an entry is the function that repeats the call (see _repeater), which
 # holds the objects themselves (the arrays weakly) to confirm them.
 _repeats: dict[tuple, Any] = {}
-_seen: set[tuple] = set()  # keys met once
-_KEPT = 32
+_seen: dict[tuple, None] = {}  # keys met once (a dict: it keeps their order)
+# A training step all-reduces one array per parameter, often a few hundred: with room
+# for only 32, 200 arrays in turn evicted each other and every call took the full
+# path and prepared a repeat that was dropped before its use (160 us a call at 2
+# ranks for 200 arrays of 1-64 KiB, 31 us with room for all; docs/performance.md).
+_KEPT = 1024
+
+
+def _make_room(kept: dict) -> None:
+    """Forget the older half of ``kept`` when it is full (insertion order)."""
+    if len(kept) >= _KEPT:
+        for key in list(kept)[: _KEPT // 2]:
+            del kept[key]
 
 
 def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
@@ -400,12 +411,10 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     if not simple:
         return
     if key not in _seen:  # not a repeat (yet)
-        if len(_seen) >= _KEPT:
-            _seen.clear()
-        _seen.add(key)
+        _make_room(_seen)
+        _seen[key] = None
         return
-    if len(_repeats) >= _KEPT:
-        _repeats.clear()
+    _make_room(_repeats)
     run = None
     if algo.plan is not None:
         run = _engine.prepare(ctx.plan(algo.plan, count), red, ctx, algo.name)

@@ -9,9 +9,11 @@ same test and no rank runs ahead into the next collective.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 LOGS = Path(__file__).parent / ".logs"
@@ -49,3 +51,45 @@ def agree(comm, problems: list[str]) -> None:
     assert not found, "\n".join(found[:20]) + (
         f"\n... {len(found)} in all" if len(found) > 20 else ""
     )
+
+
+# --- where the MPI families differ -------------------------------------------------
+# The tests compare ringmpi with comm.Allreduce. Where MPICH and Open MPI give different
+# answers themselves, the expectation depends on the library mpi4py loaded, probed or
+# read at run time (mpi4py is imported only when called: the MPI-free tests never load it).
+
+
+def mpi_family() -> str:
+    """The MPI family mpi4py loaded: MPICH, Open MPI, or the library's own name for another."""
+    from mpi4py import MPI
+
+    version = MPI.Get_library_version()
+    known = [f for f in ("MPICH", "Open MPI") if version.startswith(f)]
+    return known[0] if known else version.split(",")[0].split("\n")[0].strip()
+
+
+@functools.cache
+def sum_saturates(dtype: str) -> bool:
+    """Whether the loaded MPI's SUM clamps ``dtype`` at its bounds instead of wrapping
+    modulo 2^bits as C and NumPy do. Open MPI's vector reductions (its op/avx component,
+    chosen on CPUs with AVX2 or AVX-512) saturate 8- and 16-bit integers (Open MPI issue
+    8045, closed as won't fix); MPICH wraps. Probed with one local reduction, long
+    enough for vector code."""
+    from mpi4py import MPI
+
+    dt = np.dtype(dtype)
+    if dt.kind not in "iu":
+        return False
+    top = np.full(256, np.iinfo(dt).max, dt)
+    out = top.copy()
+    MPI.SUM.Reduce_local(top, out)  # wrapped: -2 or max - 1; saturated: max
+    return bool(out[0] == top[0])
+
+
+def wrapped_sum(comm, x: np.ndarray) -> np.ndarray:
+    """comm.Allreduce's SUM of integers ``x`` taken in int64 and wrapped back to their
+    dtype: what a wrapping MPI gives, from a library that saturates the narrow one."""
+    wide = np.ascontiguousarray(x).reshape(-1).astype(np.int64)
+    out = np.empty_like(wide)
+    comm.Allreduce(wide, out)
+    return out.astype(x.dtype)  # NumPy keeps the low bits: modulo 2^bits

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from conftest import agree
+from conftest import agree, mpi_family, sum_saturates, wrapped_sum
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -45,7 +45,9 @@ pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-MPICH = MPI.Get_library_version().startswith("MPICH")
+# MAX and MIN of both families' comm.Allreduce drop a NaN depending on its rank and the
+# count (measured: MPICH 5.0.2, Open MPI 5.0.11); another MPI is not known to.
+NAN_DROPPING = mpi_family() in ("MPICH", "Open MPI")
 # Read at run time: an algorithm registered later (another engineer's) is drawn too.
 ALGORITHMS = tuple(algorithms.names())
 OWN = tuple(a for a in ALGORITHMS if a != "mpi")  # ringmpi's own, and auto choosing among them
@@ -234,9 +236,16 @@ def _lanes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(a.real.dtype) if a.dtype.kind == "c" else a
 
 
-def mpi_reference(comm: MPI.Intracomm, op: str, x: np.ndarray) -> np.ndarray:
-    """comm.Allreduce of ``x`` (flat, C order); AVG: MPI's sum divided componentwise."""
+def mpi_reference(
+    comm: MPI.Intracomm, op: str, x: np.ndarray, algorithm: str | None = None
+) -> np.ndarray:
+    """comm.Allreduce of ``x`` (flat, C order); AVG: MPI's sum divided componentwise.
+    Where the library's SUM saturates the dtype (Open MPI: conftest.sum_saturates), the
+    sum wrapped as C and MPICH wrap it, except for ``algorithm`` "mpi": that is the
+    library's own Allreduce, saturating with it."""
     send = np.ascontiguousarray(x).reshape(-1)
+    if op == "sum" and algorithm != "mpi" and sum_saturates(send.dtype.name):
+        return wrapped_sum(comm, send)
     out = np.empty_like(send)
     comm.Allreduce(send, out, op=MPI.SUM if op == "avg" else OP[op])
     if op == "avg":
@@ -409,7 +418,7 @@ def run_case(case: Case, comms: dict) -> None:
     members = comms["members"][case.comm]
     stack = [_values(case, r) for r in members]  # in this communicator's rank order
     x = stack[comm.Get_rank()]
-    ref = mpi_reference(comm, case.op, x)
+    ref = mpi_reference(comm, case.op, x, case.algorithm)
     problems: list[str] = []
     got, digests = None, []
     with pytest.MonkeyPatch.context() as mp:
@@ -509,7 +518,8 @@ def test_nan_and_inf_propagate(comms, op, dtype, algorithm):
     """NaN in, NaN out; inf + -inf = nan; -inf * 0 = nan; inf * -inf = -inf. SUM, PROD and
     AVG give what NumPy and comm.Allreduce give. MAX and MIN: ringmpi's own algorithms let
     NaN win, as np.maximum and np.minimum do; the "mpi" baseline gives comm.Allreduce's
-    result (MPICH's, which does not: see test_max_min_with_nan_like_comm_allreduce)."""
+    result (MPICH's and Open MPI's, which do not: see
+    test_max_min_with_nan_like_comm_allreduce)."""
     assume_algorithm(comms, algorithm)
     stack = [_nan_and_inf(dtype, r, SIZE) for r in range(SIZE)]
     want = rank_order_fold(op, stack)
@@ -537,16 +547,16 @@ def assume_algorithm(comms: dict, algorithm: str) -> None:
 
 @pytest.mark.xfail(
     SIZE > 1,
-    reason="MPICH's MAX and MIN keep the other operand when a NaN comes first, so "
-    "comm.Allreduce drops NaNs depending on their rank and the count; ringmpi's own "
-    "algorithms propagate every NaN, as np.maximum/np.minimum do",
-    strict=MPICH,
+    reason="MPICH's and Open MPI's MAX and MIN keep the other operand when a NaN comes "
+    "first, so comm.Allreduce drops NaNs depending on their rank and the count; ringmpi's "
+    "own algorithms propagate every NaN, as np.maximum/np.minimum do",
+    strict=NAN_DROPPING,
 )
 @pytest.mark.parametrize("algorithm", OWN)
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_max_min_with_nan_like_comm_allreduce(comms, op, algorithm):
-    """Recorded disagreement: element k holds NaN at rank k only; comm.Allreduce (MPICH)
-    returns 1.0 for some of those elements, ringmpi NaN for all."""
+    """Recorded disagreement: element k holds NaN at rank k only; comm.Allreduce (MPICH,
+    Open MPI) returns 1.0 for some of those elements, ringmpi NaN for all."""
     assume_algorithm(comms, algorithm)
     x = np.where(np.arange(SIZE) == RANK, np.nan, 1.0)
     got = ringmpi.allreduce(x, OP[op], WORLD, algorithm=algorithm)
@@ -658,14 +668,25 @@ def _overflowing(dtype: str, rank: int) -> np.ndarray:
 @pytest.mark.parametrize("dtype", WRAPPING)
 def test_integer_overflow_wraps(comms, dtype, op, algorithm):
     """Integer SUM and PROD wrap modulo 2^bits as NumPy and MPI wrap them: bit for bit
-    NumPy's fold and comm.Allreduce's result."""
+    NumPy's fold and comm.Allreduce's result. Where the library's SUM saturates instead
+    (Open MPI's, on 8-bit integers here), ringmpi's own algorithms still wrap; the "mpi"
+    algorithm gives the library's result, which holds the dtype's maximum where every
+    rank's value is near the top (element 0)."""
     assume_algorithm(comms, algorithm)
     stack = [_overflowing(dtype, r) for r in range(SIZE)]
     want = rank_order_fold(op, stack)
     got = ringmpi.allreduce(stack[RANK], OP[op], WORLD, algorithm=algorithm)
-    mpi = mpi_reference(WORLD, op, stack[RANK])
+    mpi = mpi_reference(WORLD, op, stack[RANK], algorithm)
     problems = []
-    for what, other in (("NumPy", want), ("comm.Allreduce", mpi)):
+    saturates = op == "sum" and sum_saturates(dtype)
+    expected = [("comm.Allreduce", mpi)]
+    if not (saturates and algorithm == "mpi"):
+        expected.insert(0, ("NumPy", want))
+    if saturates and SIZE > 1:
+        top = mpi_reference(WORLD, op, stack[RANK], "mpi")[0]
+        if top != np.iinfo(dtype).max:
+            problems.append(f"comm.Allreduce gave {top!r} at element 0, not the saturated max")
+    for what, other in expected:
         if got.tobytes() != other.tobytes():
             i = int(np.flatnonzero(got != other)[0])
             problems.append(f"unlike {what}: element {i} is {got[i]!r}, expected {other[i]!r}")

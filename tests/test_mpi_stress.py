@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import agree
+from conftest import agree, mpi_family
 from mpi4py import MPI
 
 import ringmpi
@@ -60,6 +60,15 @@ BIG_PERIOD = 251
 # never a second copy of the data: 1 GiB above the buffer is far more than they need
 # (about 0.15 GiB measured) and far less than a copy (2.5 GiB).
 BIG_EXTRA_BYTES = 1 << 30
+# Open MPI 5.0's MPI_Allreduce refuses a count of 2^31 or more (MPI_ERR_ARG, measured
+# with 5.0.11), so the MPI baseline cannot run this case there; ringmpi's own algorithms
+# send in segments and run it under both families. MPICH takes the count.
+BIG_REFUSED = pytest.mark.xfail(
+    mpi_family() == "Open MPI" and MPI.Get_library_version().startswith("Open MPI v5."),
+    raises=MPI.Exception,
+    reason="Open MPI 5.0's MPI_Allreduce refuses counts of 2^31 and more (MPI_ERR_ARG)",
+    strict=True,
+)
 
 
 def _pattern(rank: int) -> np.ndarray:
@@ -134,7 +143,9 @@ def big_buffer():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize(
+    "algorithm", [pytest.param(a, marks=BIG_REFUSED) if a == "mpi" else a for a in ALGORITHMS]
+)
 def test_count_above_2_31(big_buffer, algorithm, capsys):
     """2.5 GiB of int8 summed in place at 2 ranks: every element exact (int8 wrapping),
     and ringmpi's own algorithms stay within BIG_EXTRA_BYTES of the buffer's memory."""

@@ -1,6 +1,7 @@
 """Half precision without MPI: the bit conversions against NumPy and ml_dtypes, the fold.
 
-The kernels convert float16 and bfloat16 by bit arithmetic (ringmpi.kernels);
+The kernels convert bfloat16 by bit arithmetic, float16 by the FPU (x86's F16C)
+where it can and by bit arithmetic elsewhere (ringmpi.kernels; both are tested);
 NumPy's float16 casts and ml_dtypes' bfloat16 casts are the independent
 reference: every one of the 65536 patterns widened, and float32 values rounded
 -- a random sample of all bit patterns, every tie between neighbouring half
@@ -135,6 +136,50 @@ def test_fold_inputs_is_the_contract(name, kind, dt, k):
     nan = np.isnan(want.astype(np.float32))  # a NaN's sign and payload are not promised
     assert np.array_equal(np.isnan(out.astype(np.float32)), nan)
     assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+
+
+@pytest.mark.parametrize("name", kernels.HALF_OPS)
+@pytest.mark.parametrize(("kind", "dt"), KINDS)
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_fold_parts_reads_the_input_and_the_slots_from_an_offset(name, kind, dt, k):
+    # The ring's fold: its own contribution in its input (positions below the count),
+    # the others in slots (from the count on), segment by segment (``at``); several
+    # of the fold's blocks, and the two-rank one-pass fold, against the contract.
+    rng = np.random.default_rng(10 + k)
+    n, count, me = 5000, 7000, k // 2
+    parts = [(rng.standard_normal(n) * 100).astype(dt) for _ in range(k)]
+    own = np.zeros(count, dt)
+    own[1500 : 1500 + n] = parts[me]
+    others = [p for r, p in enumerate(parts) if r != me]
+    slots = np.concatenate([np.zeros(3, dt), *others])
+    starts = np.array([1500 if r == me else count + 3 + n * (r - (r > me)) for r in range(k)],
+                      np.int64)  # fmt: skip
+    red = reduction(kernels.op_from_name(name), dt)
+    want = _emulate(parts, name, dt).view(np.uint16)
+    for at, m in ((0, n), (1234, 2100), (n - 7, 7)):
+        out = np.zeros(m, np.uint16)
+        kernels.fold_parts(out, own.view(np.uint16), slots.view(np.uint16), count, starts, at,
+                           red.code, kind, red.avg_divisor(k))  # fmt: skip
+        nan = np.isnan(want[at : at + m].view(dt).astype(np.float32))
+        assert np.array_equal(np.isnan(out.view(dt).astype(np.float32)), nan)
+        assert np.array_equal(out[~nan], want[at : at + m][~nan])
+
+
+def test_float16_bit_arithmetic_fallback_is_numpys_conversion():
+    # Where the FPU has no float16 conversion (no F16C) the kernels use bit arithmetic.
+    wide = np.empty(ALL.size, np.float32)
+    kernels._widen_all_bits(wide, ALL)
+    assert np.array_equal(
+        wide.view(np.uint32), ALL.view(np.float16).astype(np.float32).view(np.uint32)
+    )
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 1 << 32, 2_000_000, dtype=np.uint64).astype(np.uint32)
+    ties = (ALL.astype(np.uint32) << 13) + np.uint32(0x38001000)  # normal ties, and past them
+    for values in (bits.view(np.float32), wide, ties.view(np.float32),
+                   (ties + np.uint32(1)).view(np.float32)):  # fmt: skip
+        got = np.empty(values.size, np.uint16)
+        kernels._narrow_all_bits(got, values)
+        assert np.array_equal(got, _reference_narrow(values, np.dtype(np.float16)))
 
 
 def test_overflow_goes_to_infinity_once():

@@ -56,7 +56,7 @@ from ._capi import (
 from ._comm import timed_out
 from ._errors import RingMPIError
 from ._settings import positive_int
-from .kernels import DTYPES, Reduction, combine_by_code, divide_by
+from .kernels import DTYPES, Reduction, combine_by_code, divide_by, fold_parts
 from .plans import (
     ACTION,
     FINAL,
@@ -73,7 +73,7 @@ from .plans import (
     Plan,
 )
 
-__all__ = ["SEGMENT_BYTES", "prepare", "run", "segment_bytes"]
+__all__ = ["SEGMENT_BYTES", "prepare", "run", "run_half", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
@@ -294,6 +294,111 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             return
 
 
+# What a half-type exchange folds with (see _exchange_half): [half kind, AVG's
+# divisor (0: none), count, where this rank's chunk starts].
+_KIND, _AVG_BY, _COUNT, _CHUNK = range(4)
+
+
+@_jit
+def _exchange_half(out, source, slots, table, starts, fold, state, requests, status):
+    """Carry out a half type's direct exchange (:func:`ringmpi.plans.direct_exchange`)
+    and fold this rank's chunk into ``out`` as it arrives.
+
+    The plan's positions below the count are this rank's input, ``source``, which
+    every send reads where it lies (no copy); those from the count on are the
+    slots, ``slots``, which every receive fills in place. Each step is a row as in
+    :func:`_execute` (segments, the same report). In the last step segment k
+    completes every contribution to its elements of the chunk, so as soon as it
+    has arrived they are folded (float32, in the rank order of ``starts``, one
+    rounding: :func:`ringmpi.kernels.fold_parts`) into ``out`` while segment
+    k + 1 arrives. ``fold`` holds the _KIND ... cells; the other arguments are
+    :func:`_execute`'s.
+    """
+    params, report = state[:_NPARAMS], state[_NPARAMS:]
+    code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
+    any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
+    sleepy, timeout = params[_SLEEPY] != 0, params[_TIMEOUT]
+    kind, avg_by, count, chunk = fold[_KIND], fold[_AVG_BY], fold[_COUNT], fold[_CHUNK]
+    nstat = status.size - 2
+    cnt = status[nstat:]  # count, then flag
+    isz = source.itemsize
+    nslots = requests.size // (rsize + 1)
+    live = requests[nslots * rsize :]
+    req = requests.ctypes.data
+    st = status.ctypes.data
+    err = report[report.size - 4 :]
+    err[0] = _OK
+    last = table.shape[0] - 1
+    for row in range(table.shape[0]):
+        report[2 * row] = 0
+        report[2 * row + 1] = 0
+        dest, src = table[row, SEND_TO], table[row, RECV_FROM]
+        soff, slen = table[row, SEND_OFF], table[row, SEND_LEN]
+        roff, rlen = table[row, RECV_OFF] - count, table[row, RECV_LEN]
+        nsend = 0 if dest < 0 else max(1, (slen + seg - 1) // seg)
+        nrecv = 0 if src < 0 else max(1, (rlen + seg - 1) // seg)
+        sfrom = source.ctypes.data + soff * isz
+        rinto = slots.ctypes.data + roff * isz
+        if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0:
+            e = mpi_sendrecv(sfrom, slen * isz, byte, dest, tag, rinto, rlen * isz, byte, src,
+                             any_tag, comm, st)  # fmt: skip
+            if e != 0:
+                err[0], err[1], err[2] = _MPI_ERROR, row, e
+                return
+            report[2 * row] = slen * isz
+            report[2 * row + 1] = 1
+            if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
+                return
+            if row == last:
+                fold_parts(out[chunk : chunk + rlen], source, slots, count, starts, 0, code,
+                           kind, avg_by)  # fmt: skip
+            continue
+        e = 0
+        for k in range(nrecv):
+            n = min(seg, rlen - k * seg)
+            e = mpi_irecv(rinto + k * seg * isz, n * isz, byte, src, any_tag, comm, req + k * rsize)
+            if e != 0:
+                break
+            live[k] = 1
+        for k in range(nsend if e == 0 else 0):
+            n = min(seg, slen - k * seg)
+            e = mpi_isend(sfrom + k * seg * isz, n * isz, byte, dest, tag, comm,
+                          req + (nrecv + k) * rsize)  # fmt: skip
+            if e != 0:
+                break
+            live[nrecv + k] = 1
+        for k in range(nrecv if e == 0 else 0):
+            e = _wait(req + k * rsize, st, cnt[1:], sleepy, timeout)
+            if e == _LATE:
+                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, src, 0
+                break
+            live[k] = 0
+            if e != 0:
+                break
+            a = k * seg
+            n = min(seg, rlen - a)
+            if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
+                break
+            if row == last:
+                fold_parts(out[chunk + a : chunk + a + n], source, slots, count, starts, a, code,
+                           kind, avg_by)  # fmt: skip
+        for k in range(nsend if e == 0 and err[0] == _OK else 0):
+            e = _wait(req + (nrecv + k) * rsize, st, cnt[1:], sleepy, timeout)
+            if e == _LATE:
+                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
+                break
+            live[nrecv + k] = 0
+            if e != 0:
+                break
+            report[2 * row] += min(seg, slen - k * seg) * isz
+            report[2 * row + 1] += 1
+        if e != 0 and err[0] == _OK:
+            err[0], err[1], err[2] = _MPI_ERROR, row, e
+        if err[0] != _OK:
+            _abandon(requests, rsize, live, nrecv, status)
+            return
+
+
 def segment_bytes() -> int:
     """The segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
     return min(positive_int("RINGMPI_SEGMENT_BYTES") or SEGMENT_BYTES, _MAX_SEGMENT)
@@ -324,6 +429,7 @@ class _Shape:
         longest = min(seg, int(reduced.max())) if len(reduced) else 0
         self.scratch = engine.scratch(2 * longest * lanes.itemsize).view(lanes)
         self.split = w != 1
+        self.fold: np.ndarray | None = None  # a half-type exchange's (run_half)
         engine.slots(_slots(table, w, seg))
 
 
@@ -418,6 +524,38 @@ def run(
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
         _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, prefix, peers or range(ctx.size))
+
+
+def run_half(
+    plan: Plan,
+    out: np.ndarray,
+    source: np.ndarray,
+    slots: np.ndarray,
+    starts: np.ndarray,
+    chunk: int,
+    red: Reduction,
+    ctx,
+    algorithm: str,
+) -> None:
+    """Carry out a half type's direct exchange ``plan`` (16-bit patterns: ``out``,
+    ``source`` and ``slots`` as uint16): sends read ``source``, receives fill
+    ``slots``, and this rank's chunk (from ``chunk`` on) is folded into ``out`` from
+    the contributions at ``starts`` as its segments arrive (:func:`_exchange_half`)."""
+    engine = _engine_of(ctx)
+    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
+    fold = shape.fold
+    if fold is None:
+        fold = shape.fold = np.zeros(4, np.int64)
+        fold[[_KIND, _AVG_BY, _COUNT]] = red.half, red.avg_divisor(ctx.size), plan.count
+    fold[_CHUNK] = chunk
+    report = shape.report
+    _exchange_half(out, source, slots, plan.table, starts, fold, shape.state, engine.requests,
+                   engine.status)  # fmt: skip
+    failed = report.item(-4) != _OK
+    if _trace._active:
+        _record(plan, report, algorithm, "", range(ctx.size))
+    if failed:
+        _raise(report[-4:], plan, out, ctx, shape.tag, algorithm, "", range(ctx.size))
 
 
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
@@ -517,4 +655,9 @@ def warm(red: Reduction | None = None) -> float:
     for dt in kinds:
         arr = np.zeros(1, dt)
         _execute.compile(tuple(numba.typeof(a) for a in (arr, arr, table, arr, arr, i64, u8, i32)))
+    if red is None or red.half:
+        h = np.zeros(1, np.uint16)
+        _exchange_half.compile(
+            tuple(numba.typeof(a) for a in (h, h, h, table, i64, i64, i64, u8, i32))
+        )
     return time.perf_counter() - t0

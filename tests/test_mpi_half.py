@@ -253,10 +253,22 @@ def test_trace_counts_sixteen_bits_on_the_wire(dt, n):
     agree(WORLD, problems)
 
 
-def test_many_segments(monkeypatch):
-    # Tiny segments: every exchanged chunk in many messages.
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize(("op", "name"), [OPS[0], OPS[1]])  # SUM and AVG
+@pytest.mark.parametrize("in_place", [False, True], ids=["send-recv", "in-place"])
+@pytest.mark.parametrize("timeout", [0.0, 60.0], ids=["wait", "poll"])
+def test_many_segments(monkeypatch, dt, op, name, in_place, timeout):
+    # Tiny segments: every exchanged chunk in many messages, each folded as it arrives
+    # (the last step); with a timeout the engine polls instead of waiting.
     monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "64")
-    x = _inputs(BF16, 4099, RANK, 9)
-    want = _emulate(WORLD.allgather(x), "sum", BF16)
-    got = _call(x, MPI.SUM, "ring", False)
-    agree(WORLD, [] if got.tobytes() == want.tobytes() else ["differs"])
+    problems = []
+    for n in (4099, 31):
+        x = _inputs(dt, n, RANK, 9)
+        want = _emulate(WORLD.allgather(x), name, dt)
+        for call in range(2):
+            out = x.copy() if in_place else np.empty_like(x)
+            send = MPI.IN_PLACE if in_place else x
+            ringmpi.Allreduce(send, out, op, WORLD, algorithm="ring", timeout=timeout)
+            if out.view(np.uint16).tobytes() != want.view(np.uint16).tobytes():
+                problems.append(f"n={n} call {call}: differs from the contract")
+    agree(WORLD, problems)

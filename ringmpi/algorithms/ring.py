@@ -33,10 +33,14 @@ results: in 16 bits each step would round them, and the contract is one
 rounding. So for the half types the reduce-scatter is a **direct exchange** of
 inputs (:func:`ringmpi.plans.direct_exchange`): in step s rank r sends its own
 input's chunk (r + 1 + s) straight to that chunk's owner, rank (r + s), and
-receives rank (r - s)'s input for the chunk it owns, (r + 1). After N - 1
-steps it holds all N 16-bit contributions to its chunk, widens them to float32,
-folds them in rank order (AVG divides there) and rounds once; the ring's
-all-gather then sends the finished 16-bit chunks round. Bytes and steps are
+receives rank (r - s)'s input for the chunk it owns, (r + 1), into a slot.
+Sends read the input where it lies (no working copy). The last step completes
+the contributions segment by segment, so each segment, once arrived, is folded
+at once while the next one arrives (the compute overlaps the transfer, as the
+reduce-scatter's reduces do): the N 16-bit contributions widened to float32,
+folded in rank order (AVG divides there), rounded once, in one pass at 2 ranks
+(:func:`ringmpi._engine.run_half`). The ring's all-gather then sends the
+finished 16-bit chunks round. Bytes and steps are
 the ring's: (N-1)/N of the buffer each way, 2(N-1) steps, every byte sent 16
 bits an element. Each step is a permutation, so no rank receives more than one
 chunk at a time, but the partners change every step (r +- s) where the ring
@@ -63,30 +67,30 @@ def ring_half(
 ) -> None:
     """The ring for the half types: inputs exchanged directly, one rounding, all-gather."""
     n = work.size
-    mine = _Half.of(ctx, n)
     out, src = red.lanes(work), red.lanes(work if source is None else source)
     if ctx.size == 1:
         if source is not None:
             copy(out, src)
         return
-    # The working buffer: this rank's input, then a slot per other rank's input for
-    # the chunk this rank finishes.
-    buf = ctx.scratch(2 * mine.length).view(np.uint16)
-    copy(buf[:n], src)
-    _engine.run(ctx.plan("direct_exchange", n), buf, red, ctx, "ring")
-    red.fold_inputs(out[mine.lo : mine.hi], buf, mine.starts, ctx.size)
+    mine = _Half.of(ctx, n)
+    # Sends read the input where it lies; the other ranks' contributions to the chunk
+    # this rank finishes land in N - 1 slots, folded segment by segment as they arrive.
+    slots = ctx.scratch(2 * mine.slots).view(np.uint16)
+    _engine.run_half(ctx.plan("direct_exchange", n), out, src, slots, mine.starts, mine.lo, red,
+                     ctx, "ring")  # fmt: skip
     _engine.run(ctx.plan("all_gather", n), out, red, ctx, "ring")
 
 
 class _Half:
-    """Per count: the chunk this rank finishes, its slots, the working buffer's length."""
+    """Per count: the chunk this rank finishes, where each rank's contribution to it
+    lies (the input below the count, the slots from it on), the slots' length."""
 
     def __init__(self, ctx: Context, n: int) -> None:
         bounds = chunk_bounds(n, ctx.size)
         c = (ctx.rank + 1) % ctx.size
         self.lo, self.hi = bounds[c], bounds[c + 1]
         self.starts = direct_slots(ctx.size, ctx.rank, n)
-        self.length = n + (ctx.size - 1) * (self.hi - self.lo)
+        self.slots = (ctx.size - 1) * (self.hi - self.lo)
 
     @staticmethod
     def of(ctx: Context, n: int) -> _Half:

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from ringmpi import report
+from ringmpi import reliability, report
 
 PY = sys.executable
 SWEEP = ["-b", "8", "-e", "4K", "-f", "64", "-n", "2", "-w", "0"]
@@ -20,12 +18,10 @@ SWEEP = ["-b", "8", "-e", "4K", "-f", "64", "-n", "2", "-w", "0"]
 
 def run(nranks: int, *args: str) -> subprocess.CompletedProcess:
     """The command line under the environment's mpirun (MPICH's or Open MPI's)."""
-    here = Path(PY).parent / "mpirun"
-    exe = str(here) if here.exists() else shutil.which("mpirun")
-    if exe is None:
+    try:
+        launcher = reliability.mpirun()
+    except FileNotFoundError:
         pytest.skip("no mpirun")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    launcher = [exe, "--allow-run-as-root", "--oversubscribe"] if "Open MPI" in version else [exe]
     cmd = [*launcher, "-n", str(nranks), PY, "-m", "ringmpi.allreduce", *args]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)

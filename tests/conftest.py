@@ -93,3 +93,24 @@ def wrapped_sum(comm, x: np.ndarray) -> np.ndarray:
     out = np.empty_like(wide)
     comm.Allreduce(wide, out)
     return out.astype(x.dtype)  # NumPy keeps the low bits: modulo 2^bits
+
+
+def half_contract(parts: list, name: str, dt):
+    """The half types' contract in NumPy (docs/api.md): widen to float32, fold in rank
+    order, AVG's division in float32, one rounding to ``dt``."""
+    import numpy as np
+
+    acc = parts[0].astype(np.float32)
+    for x in parts[1:]:
+        y = x.astype(np.float32)
+        if name in ("sum", "avg"):
+            with np.errstate(invalid="ignore"):  # inf - inf
+                acc = acc + y
+        elif name == "max":
+            acc = np.where((y > acc) | np.isnan(y), y, acc)
+        else:
+            acc = np.where((y < acc) | np.isnan(y), y, acc)
+    if name == "avg" and len(parts) > 1:
+        acc = acc / np.float32(len(parts))
+    with np.errstate(all="ignore"):
+        return acc.astype(dt)

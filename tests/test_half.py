@@ -16,6 +16,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import half_contract
 from mpi4py import MPI
 
 import ringmpi
@@ -102,23 +103,6 @@ def test_narrow_every_float32_subnormal_sample(kind, dt):
     assert np.array_equal(narrow(values, kind), _reference_narrow(values, dt))
 
 
-def _emulate(parts: list[np.ndarray], name: str, dt: np.dtype) -> np.ndarray:
-    """The contract in NumPy: float32, rank order, AVG's division, one rounding."""
-    acc = parts[0].astype(np.float32)
-    for x in parts[1:]:
-        y = x.astype(np.float32)
-        if name in ("sum", "avg"):
-            acc = acc + y
-        elif name == "max":
-            acc = np.where((y > acc) | np.isnan(y), y, acc)
-        else:
-            acc = np.where((y < acc) | np.isnan(y), y, acc)
-    if name == "avg" and len(parts) > 1:
-        acc = acc / np.float32(len(parts))
-    with np.errstate(all="ignore"):
-        return acc.astype(dt)
-
-
 @pytest.mark.parametrize("name", kernels.HALF_OPS)
 @pytest.mark.parametrize(("kind", "dt"), KINDS)
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -132,7 +116,7 @@ def test_fold_inputs_is_the_contract(name, kind, dt, k):
     out = np.empty(n, dt)
     red = reduction(kernels.op_from_name(name), dt)
     red.fold_inputs(out, data, starts, k)
-    want = _emulate(parts, name, dt)
+    want = half_contract(parts, name, dt)
     nan = np.isnan(want.astype(np.float32))  # a NaN's sign and payload are not promised
     assert np.array_equal(np.isnan(out.astype(np.float32)), nan)
     assert np.array_equal(out.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
@@ -155,7 +139,7 @@ def test_fold_parts_reads_the_input_and_the_slots_from_an_offset(name, kind, dt,
     starts = np.array([1500 if r == me else count + 3 + n * (r - (r > me)) for r in range(k)],
                       np.int64)  # fmt: skip
     red = reduction(kernels.op_from_name(name), dt)
-    want = _emulate(parts, name, dt).view(np.uint16)
+    want = half_contract(parts, name, dt).view(np.uint16)
     for at, m in ((0, n), (1234, 2100), (n - 7, 7)):
         out = np.zeros(m, np.uint16)
         kernels.fold_parts(out, own.view(np.uint16), slots.view(np.uint16), count, starts, at,
@@ -228,7 +212,9 @@ def test_verifiable_patterns_give_the_once_rounded_answer(dt, name, nranks):
     op = kernels.op_from_name(name)
     parts = [kernels.verify_inputs(op, dt, r, 16) for r in range(nranks)]
     got = kernels.verify_expected(op, dt, nranks, 16)
-    assert np.array_equal(got.view(np.uint16), _emulate(parts, name, got.dtype).view(np.uint16))
+    assert np.array_equal(
+        got.view(np.uint16), half_contract(parts, name, got.dtype).view(np.uint16)
+    )
     exact = np.sum([p.astype(np.float64) for p in parts], axis=0)
     if name == "sum" and nranks <= 64:  # |sum| <= 4 N: exact in 16 bits (bfloat16: to 256)
         assert np.array_equal(got.astype(np.float64), exact)

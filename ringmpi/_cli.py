@@ -29,7 +29,7 @@ from . import _plot, _trace, algorithms, tuning
 from ._comm import Context, context, sleepy_barrier
 from ._errors import abort_on_error
 from ._settings import flag, seconds
-from .algorithms.hierarchical import STORES, layout, node_settings
+from .algorithms.hierarchical import STORES, layout, node_settings, window_choice
 from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
@@ -275,6 +275,18 @@ def _format(row: dict) -> str:
     )
 
 
+def _window_note(ctx: Context, nbytes: int) -> str | None:
+    """How the hierarchical row's node stored to its window (auto's timed choice), as
+    the line printed under the row: the way depends on where the ranks' cores sit,
+    which is what most changes its time from one launch to the next on a VM."""
+    found = window_choice(ctx, nbytes)
+    if found is None:
+        return None
+    way, trials = found
+    timed = ", ".join(f"{w} {t * 1e6:.0f} us" for w, t in trials.items())
+    return f"window stores: {way} (fastest trial call: {timed})"
+
+
 def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     # An exception on one rank would leave the others waiting forever in the next
@@ -403,13 +415,17 @@ def main(argv: list[str] | None = None) -> int:
                     t0 = time.perf_counter()
                     _allreduce(send, recv, op, comm, variants[name])
                     run.times.append(time.perf_counter() - t0)
-        for run in runs.values():
+        for name, run in runs.items():
             row = _row(comm, run, nbytes, count, args)
             row["copy_GBs"] = copy_bw
+            if "hierarchical" in run.label and not variants[name][1]:
+                row["window"] = _window_note(ctx, nbytes)
             rows.append(row)
             total_wrong += max(row["wrong"], 0)
             if rank == 0:
                 print(_format(row))
+                if row.get("window"):
+                    print(f"#   {row['window']}")
                 sys.stdout.flush()
 
     if args.plot:  # the layout the cost model is drawn for (collective on first use)

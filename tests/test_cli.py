@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -222,6 +223,16 @@ def test_both_ways_of_storing_in_one_launch(tmp_path):
         "hierarchical:cached", "hierarchical:streaming", "hierarchical",
     ]  # fmt: skip
     assert all(r["wrong"] == 0 and r["steps"] == 2 for r in rows)
+    # The auto row says which way its node settled on, and each way's fastest trial
+    # (the first call and 8 warm-ups cover the trials: a first call of each way,
+    # then 3 timed); the rows of a forced way time nothing and say nothing.
+    assert "window" not in rows[0] and "window" not in rows[1]
+    said = re.fullmatch(r"window stores: (cached|streaming) \(fastest trial call: "
+                        r"cached (\d+) us, streaming (\d+) us\)", rows[2]["window"])  # fmt: skip
+    assert said, rows[2]["window"]
+    if said[2] != said[3]:  # (equal once rounded to microseconds: either may be chosen)
+        assert said[1] == ("cached" if int(said[2]) < int(said[3]) else "streaming")
+    assert f"#   {rows[2]['window']}" in p.stdout
 
 
 def test_bad_node_settings_end_the_job():

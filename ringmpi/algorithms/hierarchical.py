@@ -544,6 +544,17 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
     return state.next()
 
 
+def window_choice(ctx: Context, nbytes: int) -> tuple[str, dict[str, float]] | None:
+    """What auto settled on for calls of ``nbytes`` on this rank's node: the way it
+    stores to the window and each way's fastest counted trial (seconds); None where
+    it did not time (below _TIMED_FROM, a way forced, no call yet)."""
+    lay = ctx.extra.get(("layout", *node_settings()))
+    state = None if lay is None else ctx.extra.get(("stores", id(lay), nbytes.bit_length()))
+    if state is None or state.chosen is None:
+        return None
+    return state.chosen, {w: min(t[1:]) for w, t in state.times.items() if len(t) > 1}
+
+
 class _Choice:
     """The timing trials of one size class (see _choose).
 

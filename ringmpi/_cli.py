@@ -30,7 +30,7 @@ from ._comm import Context, context, sleepy_barrier
 from ._errors import abort_on_error
 from ._settings import flag, seconds
 from .algorithms.hierarchical import STORES, layout, node_settings, window_choice
-from .kernels import AVG, OPS, count_wrong, op_from_name, reduction, verify_inputs
+from .kernels import AVG, OPS, copy, count_wrong, op_from_name, reduction, verify_inputs
 
 __all__ = ["main"]
 
@@ -210,14 +210,19 @@ class _Run:
     times: list[float] = field(default_factory=list)
 
 
-def _copy_bandwidth(comm: MPI.Intracomm, ctx: Any, send: np.ndarray, recv: np.ndarray) -> float:
-    """The node's memory copy bandwidth at this size: every rank copies at once (NumPy),
-    read + write bytes over its median time, summed over ranks (GB/s)."""
+def _copy_bandwidth(comm: MPI.Intracomm, ctx: Any, send: np.ndarray, recv: np.ndarray,
+                    streaming: bool = False) -> float:  # fmt: skip
+    """The node's memory copy bandwidth at this size: every rank copies at once (NumPy's
+    copy, or with ``streaming`` ringmpi's copy with non-temporal stores), read + write
+    bytes over its median time, summed over ranks (GB/s)."""
     times = []
     for _ in range(5):
         ctx.barrier()
         t0 = time.perf_counter()
-        np.copyto(recv, send)
+        if streaming:
+            copy(recv, send, streaming=True)
+        else:
+            np.copyto(recv, send)
         times.append(time.perf_counter() - t0)
     t = float(np.median(times))
     return comm.allreduce(2 * send.nbytes / t / 1e9 if t > 0 else 0.0)
@@ -259,7 +264,7 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
 _COLUMNS = (
     f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>24} "
     f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} "
-    f"{'iters':>5} {'copy':>7}"
+    f"{'iters':>5} {'copy':>7} {'stream':>7}"
 )
 
 
@@ -271,7 +276,7 @@ def _format(row: dict) -> str:
         f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
         f"{row['algorithm']:>24} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
         f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5} "
-        f"{row['copy_GBs']:>7.1f}"
+        f"{row['copy_GBs']:>7.1f} {row['stream_GBs']:>7.1f}"
     )
 
 
@@ -357,11 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         print("#" + _COLUMNS[1:])
         print(
             f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>24} {'':>10} "
-            f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>7} {'':>5} {'':>5} {'(GB/s)':>7}"
+            f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>7} {'':>5} {'':>5} {'(GB/s)':>7} "
+            f"{'(GB/s)':>7}"
         )
         print(
             "# copy: NumPy copy of the same size on every rank at once, read + write bytes, "
-            "summed over ranks: the memory bandwidth the shared-memory phase can reach"
+            "summed over ranks; stream: the same with streaming (non-temporal) stores, which "
+            "do not read a line before writing it: the memory bandwidth the shared-memory "
+            "phase can reach"
         )
         sys.stdout.flush()
 
@@ -372,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         send = verify_inputs(op, red.dtype, rank, count)
         recv = np.empty_like(send)
         copy_bw = _copy_bandwidth(comm, ctx, send, recv)
+        stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
         runs = {}
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
@@ -417,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                     run.times.append(time.perf_counter() - t0)
         for name, run in runs.items():
             row = _row(comm, run, nbytes, count, args)
-            row["copy_GBs"] = copy_bw
+            row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
             if "hierarchical" in run.label and not variants[name][1]:
                 row["window"] = _window_note(ctx, nbytes)
             rows.append(row)

@@ -31,7 +31,17 @@ def fault(algorithm: str, kind: str, culprit: int) -> None:
     ringmpi.abort_on_error()
     print(f"rank {WORLD.rank} pid {os.getpid()}", flush=True)
     x = np.ones(_COUNT)
-    ringmpi.allreduce(x, algorithm=algorithm)  # set-up done, caches warm
+    if algorithm == "allreduce_many":  # the same bytes as 64 arrays in 4 MiB buckets
+        parts = np.split(np.ones(_COUNT), 64)
+
+        def call() -> None:
+            ringmpi.allreduce_many(parts)
+    else:
+
+        def call() -> None:
+            ringmpi.allreduce(x, algorithm=algorithm)
+
+    call()  # set-up done, caches warm
     WORLD.Barrier()
     if WORLD.rank == culprit:
         print(f"fault {kind} at {time.time():.3f}", flush=True)
@@ -43,7 +53,7 @@ def fault(algorithm: str, kind: str, culprit: int) -> None:
             time.sleep(_LIMIT + 60)
     start = time.monotonic()
     while time.monotonic() - start < _LIMIT:
-        ringmpi.allreduce(x, algorithm=algorithm)
+        call()
     print(f"rank {WORLD.rank}: the job outlived the fault", flush=True)
 
 
@@ -272,8 +282,10 @@ def bad_input() -> None:
         "an op ringmpi does not know (MPI.MAXLOC)": lambda: ringmpi.allreduce(f8, MPI.MAXLOC),
         "an op MPI does not define for the dtype (MAX on complex)": lambda: ringmpi.allreduce(
             np.ones(4, np.complex64), MPI.MAX),
-        "a dtype ringmpi does not reduce (float16)": lambda: ringmpi.allreduce(
-            np.ones(4, np.float16)),
+        "a dtype ringmpi does not reduce (datetime64)": lambda: ringmpi.allreduce(
+            np.zeros(4, "datetime64[s]")),
+        "a half type with an algorithm that would round it per step (float16, rabenseifner)": (
+            lambda: ringmpi.allreduce(np.ones(4, np.float16), algorithm="rabenseifner")),
         "not an intracommunicator": lambda: ringmpi.allreduce(f8, comm="world"),
         "an unknown algorithm": lambda: ringmpi.allreduce(f8, algorithm="tree"),
         "a negative timeout": lambda: ringmpi.allreduce(f8, timeout=-1),

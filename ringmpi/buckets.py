@@ -22,7 +22,7 @@ algorithm, reproducible mode):
 
 Every rank therefore runs the same collectives in the same order, provided
 every rank passed the same signature. That is checked before anything is
-sent, by one small nonblocking all-reduce of a 64-bit digest of the signature
+sent, by one small all-reduce (ringmpi's own) of a 64-bit digest of the signature
 (its maximum and the maximum of its negation, which differ exactly when the
 ranks disagree) together with a flag for a rank that found a local mistake
 (a read-only array, an op its dtype does not take): then every rank raises,
@@ -57,7 +57,7 @@ from mpi4py import MPI
 from . import _settings, algorithms, kernels
 from ._api import Allreduce, _as_array
 from ._cli import _size
-from ._comm import check_comm, complete, context
+from ._comm import check_comm, context
 from ._errors import RingMPIError
 from ._settings import flag
 
@@ -235,20 +235,24 @@ def _make_plan(
 def _agree(comm: MPI.Intracomm, waits: float, plan: _Plan | None, problem: Exception | None):
     """One small all-reduce: the digests' maximum and the maximum of their negation
     (equal up to sign exactly when every rank has the same digest), and whether
-    any rank found a mistake. Otherwise every rank raises, naming what differs."""
-    ctx = context(comm, waits)
-    if ctx.broken is not None:
-        raise RingMPIError(ctx.broken)
-    ctx.timeout = waits
+    any rank found a mistake. Otherwise every rank raises, naming what differs.
+
+    It is ringmpi's own all-reduce (``auto``: on one node the shared-memory one),
+    not MPI's: a rank that never calls, or calls something else, then makes the
+    others raise after the timeout naming the rank each waited for, where an
+    MPI_Iallreduce can only say that somebody is missing."""
     digest = 0 if plan is None else plan.digest
-    mine = np.array([digest, -digest, problem is not None], np.int64)
-    them = np.empty(3, np.int64)
-    complete(
-        ctx.comm.Iallreduce(mine, them, MPI.MAX),
-        ctx,
-        f"rank {ctx.rank}: allreduce_many's check",
-        "the other ranks' signatures (an all-reduce: MPI does not say which rank is missing)",
-    )
+    ctx = context(comm, waits)
+    # The same two arrays every call on a communicator: ringmpi's repeat path.
+    record = ctx.extra.get(_CHECK)
+    if record is None:
+        record = ctx.extra[_CHECK] = _Record()
+    mine, them = record.arrays
+    mine[:] = (digest, -digest, problem is not None)
+    try:
+        Allreduce(mine, them, MPI.MAX, comm, timeout=waits, validate=False, reproducible=False)
+    except RingMPIError as exc:
+        raise RingMPIError(f"allreduce_many's check of the ranks' signatures: {exc}") from None
     if them[0] == -them[1] and not them[2]:
         return
     said = ctx.comm.allgather(
@@ -257,6 +261,19 @@ def _agree(comm: MPI.Intracomm, waits: float, plan: _Plan | None, problem: Excep
     if problem is not None:
         raise problem
     raise RingMPIError("allreduce_many: " + _differences(said))
+
+
+_CHECK = "allreduce_many's check"
+
+
+class _Record:
+    """The check's two int64 triples, kept with the communicator's context."""
+
+    def __init__(self) -> None:
+        self.arrays = (np.zeros(3, np.int64), np.zeros(3, np.int64))
+
+    def free(self) -> None:  # the context frees what it keeps
+        pass
 
 
 _FIELDS = ("arrays", "op", "bucket_bytes", "algorithm", "reproducible")

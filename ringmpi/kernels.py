@@ -786,6 +786,23 @@ def _fold_half(out, data, starts, code, kind, divisor):
     return impl
 
 
+def fold_half_parts(out, own, slots, base, starts, at, code, kind, divisor):
+    """:func:`fold_parts` where ``out`` holds 16-bit patterns, nothing for any other
+    lanes type (a loop compiled for every dtype calls it); only in compiled code."""
+    raise NotImplementedError("fold_half_parts runs in Numba-compiled code only")
+
+
+@overload(fold_half_parts, jit_options={"error_model": "numpy"})
+def _fold_half_parts(out, own, slots, base, starts, at, code, kind, divisor):
+    patterns = out.dtype == types.uint16
+
+    def impl(out, own, slots, base, starts, at, code, kind, divisor):
+        if patterns:
+            fold_parts(out, own, slots, base, starts, at, code, kind, divisor)
+
+    return impl
+
+
 @_jit
 def _widen_all(out, src, kind):
     for i in range(out.size):

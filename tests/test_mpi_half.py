@@ -37,8 +37,8 @@ WORLD = MPI.COMM_WORLD
 N, RANK = WORLD.Get_size(), WORLD.Get_rank()
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [pytest.param(np.dtype(np.float16), id="float16"), pytest.param(BF16, id="bfloat16")]
-ALGORITHMS = ("ring", "shared_memory", "auto")
-REFUSE = ("recursive_doubling", "rabenseifner", "chain", "hierarchical", "mpi")
+ALGORITHMS = ("ring", "shared_memory", "hierarchical", "auto")
+REFUSE = ("recursive_doubling", "rabenseifner", "chain", "mpi")
 OPS = [pytest.param(kernels.op_from_name(n), n, id=n) for n in kernels.HALF_OPS]
 SIZES = sorted({0, 1, max(N - 1, 0), N + 1, 1009, 100_003})
 # (precision p, least normal exponent) of each half type
@@ -184,6 +184,57 @@ def test_algorithms_that_would_round_twice_refuse_before_any_message(algorithm, 
     agree(WORLD, problems)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_hierarchical_refuses_across_nodes_before_any_message(dt, monkeypatch):
+    # Emulated nodes of one rank: N nodes (one node at N = 1, where it runs).
+    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "1")
+    comm = WORLD.Dup()  # a fresh context: its node layout follows the setting
+    x = np.ones(10, dt)
+    problems = []
+    with ringmpi.trace() as t:
+        try:
+            ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm, algorithm="hierarchical")
+            said = None
+        except ValueError as exc:
+            said = str(exc)
+    if N == 1:
+        if said is not None or not (x == 1).all():
+            problems.append(f"one rank: {said!r}, {x.tolist()}")
+    elif said is None or f"with one rounding across {N} nodes" not in said:
+        problems.append(f"raised {said!r}")
+    if t.bytes_sent:
+        problems.append(f"sent {t.bytes_sent} bytes")
+    # auto keeps to the others there
+    ctx = ringmpi._comm.context(comm)
+    red = kernels.reduction(MPI.SUM, dt)
+    name = ringmpi.algorithms.choose("auto", 64 << 20, ctx, red).name
+    if N > 1 and name == "hierarchical":
+        problems.append("auto chose hierarchical across nodes")
+    comm.Free()
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("stores", ["cached", "streaming"])
+@pytest.mark.parametrize(("op", "name"), OPS)
+@pytest.mark.parametrize("dt", DTYPES)
+def test_hierarchical_large_buffers_through_many_pieces(stores, op, name, dt, monkeypatch):
+    # 1 MiB and more: the copies into the result stream; 64 KiB pieces put the
+    # buffer through the window many times, the last piece short.
+    monkeypatch.setenv("RINGMPI_WINDOW_STORES", stores)
+    monkeypatch.setenv("RINGMPI_PIECE_BYTES", str(64 << 10))
+    comm = WORLD.Dup()  # a window sized for these pieces
+    problems = []
+    for n in (524_289, 1_000_003):
+        x = _inputs(dt, n, RANK, 7)
+        want = half_contract(WORLD.allgather(x), name, dt)
+        for in_place in (False, True):
+            got = _call(x, op, "hierarchical", in_place, comm)
+            if got.view(np.uint16).tobytes() != want.view(np.uint16).tobytes():
+                problems.append(f"n={n} in_place={in_place}: differs from the contract")
+    comm.Free()
+    agree(WORLD, problems)
+
+
 def test_auto_and_the_environment_keep_to_the_half_algorithms(monkeypatch):
     x = np.ones(1 << 16, np.float16)
     problems = []
@@ -191,7 +242,7 @@ def test_auto_and_the_environment_keep_to_the_half_algorithms(monkeypatch):
         ctx = ringmpi._comm.context(WORLD)
         red = kernels.reduction(MPI.SUM, np.float16)
         name = ringmpi.algorithms.choose("auto", nbytes, ctx, red).name
-        if name not in ("ring", "shared_memory"):
+        if name not in ("ring", "shared_memory", "hierarchical"):
             problems.append(f"auto chose {name} for {nbytes} bytes")
     monkeypatch.setenv("RINGMPI_ALGORITHM", "recursive_doubling")
     with pytest.raises(ValueError, match="RINGMPI_ALGORITHM: 'recursive_doubling' cannot"):

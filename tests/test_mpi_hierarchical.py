@@ -228,11 +228,13 @@ def test_many_pieces(nodes, stores, piece, monkeypatch):
     agree(WORLD, problems)
 
 
-def test_the_node_times_both_ways_and_agrees(monkeypatch):
-    # From 1 MiB the first calls of a size class alternate between cached and
+@pytest.mark.parametrize("nbytes", [3 << 20, 3 << 16], ids=["3MiB", "192KiB"])
+def test_the_node_times_both_ways_and_agrees(monkeypatch, nbytes):
+    # From 64 KiB the first calls of a size class alternate between cached and
     # streaming stores to the window, timing each; then every rank of a node keeps
     # the same way. Results are exact throughout, and the choice lives with the
-    # communicator.
+    # communicator. From 1 MiB the chosen way's calls are timed on (below, only
+    # the trials).
     monkeypatch.delenv("RINGMPI_PIECE_BYTES", raising=False)
     monkeypatch.delenv("RINGMPI_WINDOW_STORES", raising=False)
     monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
@@ -241,7 +243,7 @@ def test_the_node_times_both_ways_and_agrees(monkeypatch):
 
     comm = WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
-    count = 3 * hierarchical._TIMED_FROM // 4 + 3  # 3 MiB of float32: a size class of its own
+    count = nbytes // 4 + 3  # float32: a size class of its own
     send = kernels.verify_inputs(MPI.SUM, "float32", rank, count)
     expected = kernels.verify_expected(MPI.SUM, "float32", n, count)
     problems = []
@@ -258,6 +260,10 @@ def test_the_node_times_both_ways_and_agrees(monkeypatch):
     chosen = comm.allgather((rank // 2, choice.chosen))
     if len(set(chosen)) != -(-n // 2) or choice.chosen is None:
         problems.append(f"(node, choice) of every rank: {chosen}")
+    # the 2 calls after the choice: timed (1 MiB and more) or not
+    watched = len(choice.since) if nbytes >= 1 << 20 else None
+    if (choice.watch, watched) != ((True, 2) if nbytes >= 1 << 20 else (False, None)):
+        problems.append(f"after the choice: watch {choice.watch}, {choice.since}")
     comm.Free()
     agree(WORLD, problems)
 

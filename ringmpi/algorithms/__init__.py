@@ -15,10 +15,12 @@ algorithms that do, and :func:`choose` keeps to them.
 The half types (float16, bfloat16; ``red.half``) promise 16 bits on the wire and
 one rounding: no algorithm that forwards partial results can keep both. An
 algorithm takes them only where it registers a way to (``half=``): the ring
-(inputs exchanged directly, then its all-gather) and shared_memory (every rank
-folds all inputs anyway). The others raise ValueError before any message,
-saying why (:data:`NO_HALF`); auto chooses among the ones that take them. Both
-fold in rank order in float32, so for the half types they also keep the order.
+(inputs exchanged directly, then its all-gather), shared_memory (every rank
+folds all inputs anyway) and hierarchical on one node (each slice's owner folds
+the node's inputs at once; across nodes it refuses). The others raise
+ValueError before any message, saying why (:data:`NO_HALF`); auto chooses among
+the ones that take them. All fold in rank order in float32, so for the half
+types they also keep the order.
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ NO_HALF = {
     "recursive_doubling": "it swaps and reduces partial results, rounded to 16 bits at every step",
     "rabenseifner": "it forwards partial results, rounded to 16 bits at every step",
     "chain": "it forwards partial results along the chain, rounded to 16 bits at every rank",
-    "hierarchical": "it rounds once in each node and again across nodes",
     "mpi": "MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, where it "
     "exists) rounds every partial result to 16 bits",
 }
@@ -148,7 +149,7 @@ def _checked(algo: Algorithm, ordered: bool, red: Reduction | None, where: str) 
         raise ValueError(
             f"{where}: {algo.name!r} cannot reduce {red.describe()} with one rounding: "
             f"{NO_HALF.get(algo.name, 'it has no half-type path')}; algorithms that can: auto, "
-            f"{', '.join(half_algorithms())} (shared_memory on one node only)"
+            f"{', '.join(half_algorithms())} (shared_memory and hierarchical on one node only)"
         )
     return algo.half
 
@@ -185,8 +186,11 @@ _AUTO_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE
 def _auto(nbytes: int, ctx: Context, settings: tuple, ordered: bool, half: bool = False) -> str:
     nodes, per_node = hierarchical.node_shape(ctx, *hierarchical.node_settings())
     costs = tuning.load(per_node)
-    if half:  # the ones with a half-type path (all of which keep the rank order)
-        candidates = [a for a in usable(ctx) if _REGISTRY[a].half is not None]
+    if half:  # the ones with a half-type path (all of which keep the rank order);
+        # hierarchical's on one node only, and not where ranks crowd the cores (below)
+        hier = nodes == 1 and not ctx.sleepy
+        candidates = [a for a in usable(ctx) if _REGISTRY[a].half is not None
+                      and (a != "hierarchical" or hier)]  # fmt: skip
     elif ordered:
         one_node = ctx.node.Get_size() == ctx.size
         candidates = [a for a in KEEP_ORDER if a != "shared_memory" or one_node]

@@ -75,10 +75,11 @@ from ..kernels import (
     copy,
     divide_by,
     fold_by_code,
+    fold_half_parts,
     reduction,
 )
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from . import register
+from . import half_algorithms, register
 from .ring import run_ring
 
 PLACEMENTS = ("block", "cyclic")
@@ -174,10 +175,13 @@ STORES = ("auto", "cached", "streaming")
 _TRIALS = 3
 # Calls of the chosen way after which the trials run again regardless.
 _RETRY = 256
-# From this buffer size on, auto times both ways (below it, it stores cached), and
-# the copy out of the window into the user's buffer streams past the caches
-# (see _streams_out).
-_TIMED_FROM = 1 << 20
+# From this buffer size on, auto times both ways (below it, it stores cached): across
+# dies the cached way was 1.3-3.5 times slower from 16 KiB to 1 MiB at 2 ranks, where
+# auto takes the hierarchical algorithm from 512 KiB (docs/performance.md).
+_TIMED_FROM = 1 << 16
+# From this buffer size on, the copy out of the window into the user's buffer streams
+# past the caches (see _streams_out).
+_STREAM_OUT_FROM = 1 << 20
 
 
 _FLAG_BYTES = 64
@@ -264,7 +268,9 @@ _RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN,
 )
 # The timeout (ns), what a timeout reports (the late local rank and the step), the
 # call's count and tag, what a disagreement reports (local rank, its count, its tag).
-_TIMEOUT, _LATE, _STEP, _COUNT, _TAG, _ODD, _ODD_COUNT, _ODD_TAG, _NPARAMS = range(13, 22)
+_TIMEOUT, _LATE, _STEP, _COUNT, _TAG, _ODD, _ODD_COUNT, _ODD_TAG = range(13, 21)
+# A half type (Reduction.half; 0: none) and what its fold divides by (AVG; 0: none).
+_HALF, _AVG_BY, _NPARAMS = 21, 22, 23
 # Cells of a rank's flag line: the barrier count, then the call's (count, tag).
 _ANNOUNCED = 1
 
@@ -313,6 +319,8 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
     per, sets, pieces, code = params[_PER], params[_SETS], params[_PIECES], params[_CODE]
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
     win, sleepy, isz, timeout = params[_WIN], params[_SLEEPY] != 0, params[_ISZ], params[_TIMEOUT]
+    half, avg_by = params[_HALF], params[_AVG_BY]
+    starts = np.empty(nl if half else 0, np.int64)  # where a half-type fold's inputs are
     params[_LATE] = -1
     params[_ODD] = -1
     _announce(flags, rank, params[_COUNT], params[_TAG])
@@ -327,6 +335,21 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
                 off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
                 n = hi - lo
                 mine = window[me + off : me + off + n]
+                if half:
+                    # Half types: this rank's own contribution from src, the others'
+                    # from their slots (src, then the window, as one buffer), in
+                    # local-rank order, widened to float32, rounded once; the result
+                    # goes to the slot and to work as for any type.
+                    for k in range(nl):
+                        starts[k] = lo if k == rank else src.size + k * stride + off
+                    out = scratch[:n] if streaming else mine
+                    fold_half_parts(out, src, window, src.size, starts, 0, code, half, avg_by)
+                    if streaming:
+                        _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
+                        _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
+                    else:
+                        _put(work8, lo * isz, window8, (me + off) * isz, n * isz, stream_out)
+                    continue
                 # this rank's own contribution first, then the others' in local-rank
                 # order, in one pass per other rank; the cached way writes the slot
                 # in the last pass, the streaming way folds into the cache-sized
@@ -373,7 +396,25 @@ def warm(kinds) -> None:
         _one_node.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
 
 
-@register("hierarchical")
+def _half_types(
+    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+) -> None:
+    """The half types: on one node (every contribution folded at once in float32 and
+    rounded once, as the ring and shared_memory do), refused across nodes, where
+    each node's result would be rounded to 16 bits before the rails fold them."""
+    nodes, _ = node_shape(ctx, *node_settings())
+    if nodes > 1:
+        raise ValueError(
+            f"algorithm: 'hierarchical' cannot reduce {red.describe()} with one rounding "
+            f"across {nodes} nodes: it rounds once in each node and again across nodes (on "
+            "one node it can); algorithms that can: auto, "
+            + ", ".join(a for a in half_algorithms() if a != "hierarchical")
+            + " (shared_memory on one node only)"
+        )
+    hierarchical_allreduce(work, red, ctx, source)
+
+
+@register("hierarchical", half=_half_types)
 def hierarchical_allreduce(
     work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
 ) -> None:
@@ -473,11 +514,11 @@ def _slowest(ctx: Context, lay: Layout, took: float) -> float:
 
 def _streams_out(nbytes: int) -> bool:
     """Whether copies into the user's buffer stream past the caches: from
-    _TIMED_FROM on, whichever way the window is stored to. A streaming store
+    _STREAM_OUT_FROM on, whichever way the window is stored to. A streaming store
     skips reading the line it overwrites; the cached way used to leave the
     result in the cache instead, and was about a tenth slower for it at 16 MiB
     on 2 ranks (docs/performance.md)."""
-    return nbytes >= _TIMED_FROM
+    return nbytes >= _STREAM_OUT_FROM
 
 
 def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way) -> None:
@@ -496,6 +537,7 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
                      int(_streams_out(work.nbytes)), win.handle,
                      int(win.sleepy), ld.itemsize, round(ctx.timeout * 1e9))  # fmt: skip
         params[_COUNT], params[_TAG] = work.size, red.tag
+        params[_HALF], params[_AVG_BY] = red.half, red.avg_divisor(ctx.size) if red.half else 0
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -511,7 +553,7 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
     if params.item(_LATE) >= 0:
         raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}")
     if params.item(_ODD) >= 0:
-        raise _disagree(ctx, lay, red, work.size, *params[_ODD:_NPARAMS].tolist())
+        raise _disagree(ctx, lay, red, work.size, *params[_ODD : _ODD_TAG + 1].tolist())
 
 
 _CALLS_KEPT = 64
@@ -528,7 +570,7 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
     is slower than reading memory, and "streaming" stores (non-temporal: past
     the caches, straight to memory) win instead; docs/performance.md has both.
     So with RINGMPI_WINDOW_STORES=auto the first calls of each size class (bytes
-    rounded to a power of two) from 1 MiB on time both ways, a block of calls each, and
+    rounded to a power of two) from 64 KiB on time both ways, a block of calls each, and
     the node keeps the faster, and times it on, to choose again if it slows down
     and every _RETRY calls (:class:`_Choice`): every local rank uses the node's
     slowest time of each call, so all choose alike.
@@ -540,7 +582,7 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
     key = ("stores", id(lay), nbytes.bit_length())
     state = ctx.extra.get(key)
     if state is None:
-        state = ctx.extra[key] = _Choice()
+        state = ctx.extra[key] = _Choice(watch=nbytes >= _STREAM_OUT_FROM)
     return state.next()
 
 
@@ -560,21 +602,24 @@ class _Choice:
 
     The faster way is the one with the fastest counted trial call (the slow
     ones are the noise: page faults of a window that just grew, another
-    process). After choosing it keeps timing the chosen way, and the trials
-    start over when the median of its last calls is half as slow again as the
-    median of its trials (the ranks moved, or the machine changed under them),
-    or after _RETRY calls in any case, so that a choice that was wrong from the
-    start does not stay.
+    process). After choosing it keeps timing the chosen way (``watch``: from
+    1 MiB), and the trials start over when the median of its last calls is half
+    as slow again as the median of its trials (the ranks moved, or the machine
+    changed under them), or after _RETRY calls in any case, so that a choice
+    that was wrong from the start does not stay.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, watch: bool = True) -> None:
+        # Below 1 MiB a call is short enough that timing each one (a node reduction)
+        # would cost a tenth of it or more: there only the trials are timed.
+        self.watch = watch
         self.times: dict[str, list[float]] = {"cached": [], "streaming": []}
         self.chosen: str | None = None
         self.since: list[float] = []  # the chosen way's last times
         self.calls = 0  # calls since the choice
         self.par = 0.0  # the chosen way's time in the trials
 
-    def next(self) -> tuple[str, list[float]]:
+    def next(self) -> tuple[str, list[float] | None]:
         if self.chosen is None:
             # Each way's trials in one block (its first call, after the other way's,
             # not counted): alternating call by call would time each way on the
@@ -594,7 +639,7 @@ class _Choice:
             self.chosen = None
             return self.next()
         self.calls += 1
-        return self.chosen, self.since
+        return self.chosen, self.since if self.watch else None
 
     def free(self) -> None:
         pass

@@ -587,14 +587,13 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
 
 
 def window_choice(ctx: Context, nbytes: int) -> tuple[str, dict[str, float]] | None:
-    """What auto settled on for calls of ``nbytes`` on this rank's node: the way it
-    stores to the window and each way's fastest counted trial (seconds); None where
-    it did not time (below _TIMED_FROM, a way forced, no call yet)."""
+    """What auto last settled on for calls of ``nbytes`` on this rank's node (its
+    trials may have started over since): the way it stores to the window and each
+    way's fastest counted trial (seconds); None where it did not time (below
+    _TIMED_FROM, a way forced, trials not finished yet)."""
     lay = ctx.extra.get(("layout", *node_settings()))
     state = None if lay is None else ctx.extra.get(("stores", id(lay), nbytes.bit_length()))
-    if state is None or state.chosen is None:
-        return None
-    return state.chosen, {w: min(t[1:]) for w, t in state.times.items() if len(t) > 1}
+    return None if state is None else state.settled
 
 
 class _Choice:
@@ -618,6 +617,8 @@ class _Choice:
         self.since: list[float] = []  # the chosen way's last times
         self.calls = 0  # calls since the choice
         self.par = 0.0  # the chosen way's time in the trials
+        # (way, each way's fastest counted trial) of the last choice: what the CLI shows
+        self.settled: tuple[str, dict[str, float]] | None = None
 
     def next(self) -> tuple[str, list[float] | None]:
         if self.chosen is None:
@@ -630,6 +631,7 @@ class _Choice:
                     return way, times
             best = {w: min(t[1:]) for w, t in self.times.items()}
             self.chosen = min(best, key=best.__getitem__)
+            self.settled = (self.chosen, best)
             typical = float(np.median(self.times[self.chosen][1:]))
             self.par, self.since, self.calls = typical, [], 0
         del self.since[:-_TRIALS]

@@ -176,7 +176,7 @@ _TRIALS = 3
 # Calls of the chosen way after which the trials run again regardless.
 _RETRY = 256
 # From this buffer size on, auto times both ways (below it, it stores cached): across
-# dies the cached way was 1.3-3.5 times slower from 16 KiB to 1 MiB at 2 ranks, where
+# dies the cached way was 1.3-3.7 times slower from 16 KiB to 1 MiB at 2 ranks, where
 # auto takes the hierarchical algorithm from 512 KiB (docs/performance.md).
 _TIMED_FROM = 1 << 16
 # From this buffer size on, the copy out of the window into the user's buffer streams

@@ -769,26 +769,10 @@ def fold_inputs(out, data, starts, code, kind, divisor):
     fold_parts(out, data, data, data.size, starts, 0, code, kind, divisor)
 
 
-def fold_half(out, data, starts, code, kind, divisor):
-    """:func:`fold_inputs` where ``out`` holds 16-bit patterns, nothing for any other
-    lanes type (a loop compiled for every dtype calls it); only in compiled code."""
-    raise NotImplementedError("fold_half runs in Numba-compiled code only")
-
-
-@overload(fold_half, jit_options={"error_model": "numpy"})
-def _fold_half(out, data, starts, code, kind, divisor):
-    patterns = out.dtype == types.uint16
-
-    def impl(out, data, starts, code, kind, divisor):
-        if patterns:
-            fold_inputs(out, data, starts, code, kind, divisor)
-
-    return impl
-
-
 def fold_half_parts(out, own, slots, base, starts, at, code, kind, divisor):
     """:func:`fold_parts` where ``out`` holds 16-bit patterns, nothing for any other
-    lanes type (a loop compiled for every dtype calls it); only in compiled code."""
+    lanes type (a loop compiled for every dtype calls it: shared_memory's and the
+    hierarchical one-node loop); only in compiled code."""
     raise NotImplementedError("fold_half_parts runs in Numba-compiled code only")
 
 

@@ -38,7 +38,7 @@ from .._capi import handle, mpi_win_sync, store_release
 from .._comm import Context, timed_out
 from .._errors import RingMPIError
 from .._shm import await_flags, node_window
-from ..kernels import Reduction, combine_by_code, decode_tag, divide_by, fold_half
+from ..kernels import Reduction, combine_by_code, decode_tag, divide_by, fold_half_parts
 from . import register
 
 __all__ = ["SET_BYTES", "prepare", "warm"]
@@ -98,7 +98,7 @@ def _allreduce(work, source, data, flags, params, divisor):
             # Half types: all L slots widened, folded in float32, rounded once.
             for r in range(size):
                 starts[r] = r * dstride + hdr + b * cap
-            fold_half(out, data, starts, code, half, avg_by)
+            fold_half_parts(out, data, data, data.size, starts, 0, code, half, avg_by)
             done += m
             if done >= n:
                 return

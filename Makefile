@@ -55,7 +55,7 @@ test: test-unit test-mpi
 # MPI-free: schedule, kernels (this also fills Numba's cache for every op and dtype),
 # the CLI and error paths that start mpirun themselves.
 test-unit: $(VENV)/.ok-test
-	$(PY) -m ringmpi.kernels --warm
+	$(PY) -m ringmpi kernels --warm
 	$(PY) -m pytest tests -m "not mpi"
 
 # The MPI suite at 1-5 ranks (odd and non-power-of-two counts give uneven chunks), then
@@ -72,7 +72,7 @@ test-mpi: $(VENV)/.ok-test
 	done
 
 bench: $(VENV)/.ok-run
-	$(PY) -m ringmpi.kernels
+	$(PY) -m ringmpi kernels
 	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3 --budget 0
 	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 8 -e 1M -f 4 -n 50 --budget 0
 

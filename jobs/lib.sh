@@ -105,7 +105,7 @@ sweep_args() {
 }
 
 # stamp FILE [KEY=VALUE...]: record the job (id, name, nodes, launcher, host, ringmpi's
-# commit where it is a git checkout) in the JSON header as "job", for python -m ringmpi.report.
+# commit where it is a git checkout) in the JSON header as "job", for python -m ringmpi report.
 stamp() {
   "$PYTHON" - "$@" <<'EOF'
 import json, os, socket, subprocess, sys

@@ -9,13 +9,14 @@
     total = ringmpi.allreduce(x)                              # a new array
     ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
+    ringmpi.configure(timeout=30)                             # settings, as RINGMPI_TIMEOUT
+
+The tools: ``python -m ringmpi <command>`` (``python -m ringmpi --help`` lists them).
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING
 
 __all__ = [
@@ -27,13 +28,14 @@ __all__ = [
     "abort_on_error",
     "allreduce",
     "allreduce_many",
+    "configure",
+    "configured",
     "trace",
 ]
 
 __version__ = "0.1.0"
 
-# The API loads on first use, so `python -m ringmpi.schedule` (and the other
-# entry points) run their module without it having been imported already.
+# The API loads on first use: `import ringmpi` alone loads neither MPI nor Numba.
 _WHERE = {
     "AVG": "kernels",
     "Allreduce": "_api",
@@ -43,12 +45,15 @@ _WHERE = {
     "abort_on_error": "_errors",
     "allreduce": "_api",
     "allreduce_many": "buckets",
+    "configure": "_settings",
+    "configured": "_settings",
     "trace": "_trace",
 }
 
 if TYPE_CHECKING:
     from ._api import Allreduce, Comm, allreduce
     from ._errors import RingMPIError, abort_on_error
+    from ._settings import configure, configured
     from ._trace import Trace, trace
     from .buckets import allreduce_many
     from .kernels import AVG
@@ -64,16 +69,3 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
-
-
-class _Package(types.ModuleType):
-    # `python -m ringmpi.allreduce` is the CLI module, while `ringmpi.allreduce` is
-    # the function. Importing a submodule binds it as an attribute of its package,
-    # which would hide the function; keep the function instead.
-    def __setattr__(self, name: str, value: object) -> None:
-        if name == "allreduce" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

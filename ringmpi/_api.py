@@ -10,9 +10,9 @@ from mpi4py import MPI
 from mpi4py.util import dtlib
 
 from . import _engine, _settings, _trace, algorithms
+from ._cache import Bounded
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
-from ._settings import flag
 from .kernels import Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "allreduce"]
@@ -38,11 +38,12 @@ def Allreduce(
     the ``RINGMPI_VALIDATE`` environment variable) first checks that every rank
     agrees on count, dtype, op and algorithm, and raises the same RingMPIError
     on every rank when they do not. ``timeout`` (seconds; default: the
-    ``RINGMPI_TIMEOUT`` environment variable, none when unset or 0): a rank that
+    ``timeout`` setting, ``RINGMPI_TIMEOUT``, none when unset or 0): a rank that
     waits that long for another without progress raises RingMPIError naming
-    both ranks, the algorithm, phase and step. ``reproducible`` (default:
-    ``RINGMPI_REPRODUCIBLE``): reduce in rank order, so that the result is
-    bitwise the same whatever the algorithm and the placement of ranks.
+    both ranks, the algorithm, phase and step. ``reproducible`` (default: the
+    ``reproducible`` setting): reduce in rank order, so that the result is
+    bitwise the same whatever the algorithm and the placement of ranks. The
+    defaults are :func:`ringmpi.configure`'s settings.
     """
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     again = _repeats.get(key)
@@ -51,11 +52,11 @@ def Allreduce(
     given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
     algorithms.lookup(algorithm)
-    waits = _settings.seconds(
-        _settings.get("RINGMPI_TIMEOUT") if timeout is None else timeout,
-        "RINGMPI_TIMEOUT" if timeout is None else "timeout",
-    )
-    ordered = flag("RINGMPI_REPRODUCIBLE") if reproducible is None else bool(reproducible)
+    settings = _settings.current()
+    waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
+    ordered = settings.reproducible if reproducible is None else bool(reproducible)
+    if validate is None:
+        validate = settings.validate
     recv = _as_array(recvbuf, "recvbuf")
     if not recv.flags.writeable:
         raise ValueError(f"recvbuf is read-only{_kind(recvbuf)}")
@@ -258,20 +259,17 @@ def _run(
     red: Reduction,
     comm: MPI.Intracomm,
     algorithm: str,
-    validate: bool | None,
+    validate: bool,
     timeout: float = 0.0,
     reproducible: bool = False,
 ):
-    """Run the call; returns (context, algorithm) unless it was validated."""
+    """Run the call; returns (context, algorithm, timeout) unless it was validated."""
     ctx = context(comm, timeout)
     if ctx.broken is not None:
         raise RingMPIError(ctx.broken)
-    ctx.timeout, ctx.reproducible = timeout, reproducible
-    algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red)
-    if validate is None:
-        validate = flag("RINGMPI_VALIDATE")
+    algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red, reproducible)
     if validate:
-        _validate(ctx, count, red, algo.name)
+        _validate(ctx, count, red, algo.name, timeout)
 
     # The work array: recvbuf itself when its first `count` elements are contiguous,
     # otherwise a contiguous copy written back at the end (C order, as MPI reads it).
@@ -295,13 +293,13 @@ def _run(
 
     if _trace._active:
         _trace.record_call()
-    algo.run(work, red, ctx, source)
+    algo.run(work, red, ctx, source, timeout)
     if not direct:
         if count == recv.size:
             recv[...] = work.reshape(recv.shape)
         else:
             recv.flat[:count] = work
-    return None if validate else (ctx, algo)
+    return None if validate else (ctx, algo, timeout)
 
 
 # --- calls that repeat -------------------------------------------------------------
@@ -310,37 +308,19 @@ def _run(
 # 8-byte MPI_Allreduce itself. So calls are remembered -- their arrays by weak
 # reference, with what was derived from them -- and a call with the very same
 # objects goes straight to the algorithm, after checking everything that could make
-# it differ: the arrays' shape, dtype and flags, every RINGMPI_* setting, an open
+# it differ: the arrays' shape, dtype and flags, the settings snapshot, an open
 # trace (which takes the full path, to be recorded), a freed communicator. A call is
 # remembered only once the same objects come a second time, so that calls on ever
 # new arrays (allreduce(), buffer specs) pay almost nothing for it.
 
-_SETTINGS = ("RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
-             "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
-             "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_TIMEOUT",
-             "RINGMPI_REPRODUCIBLE")  # fmt: skip
-
-
-_settings_now = _settings.watcher(_SETTINGS)
-
-
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the algorithm and validate
 # arguments; an entry is the function that repeats the call (see _repeater), which
 # holds the objects themselves (the arrays weakly) to confirm them.
-_repeats: dict[tuple, Any] = {}
-_seen: dict[tuple, None] = {}  # keys met once (a dict: it keeps their order)
-# A training step all-reduces one array per parameter, often a few hundred: with room
-# for only 32, 200 arrays in turn evicted each other and every call took the full
-# path and prepared a repeat that was dropped before its use (160 us a call at 2
-# ranks for 200 arrays of 1-64 KiB, 31 us with room for all; docs/performance.md).
+# Room for a training step's arrays, one per parameter, often a few hundred
+# (docs/performance.md has what too little room cost).
 _KEPT = 1024
-
-
-def _make_room(kept: dict) -> None:
-    """Forget the older half of ``kept`` when it is full (insertion order)."""
-    if len(kept) >= _KEPT:
-        for key in list(kept)[: _KEPT // 2]:
-            del kept[key]
+_repeats: Bounded[tuple, Any] = Bounded(_KEPT)
+_seen: Bounded[tuple, None] = Bounded(_KEPT)  # keys met once
 
 
 def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
@@ -349,13 +329,13 @@ def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
 
     Everything it checks is a local of this closure (cheaper than attributes):
     the objects, shapes and dtype, the flags, an open trace, a freed
-    communicator and every RINGMPI_* setting.
+    communicator and the settings snapshot.
     """
     in_place = sendbuf is MPI.IN_PLACE
     send_ref = None if in_place else weakref.ref(sendbuf)
     recv_ref = weakref.ref(recvbuf)
     send_shape, shape, dtype = () if send is None else send.shape, recv.shape, recv.dtype
-    settings, active, now = _settings_now(), _trace._active, _settings_now
+    settings, active, now = _settings.current(), _trace._active, _settings._now
     flat = recvbuf.ndim == 1 and (in_place or sendbuf.ndim == 1)
     del sendbuf, recvbuf, send, recv  # held weakly only
 
@@ -382,7 +362,7 @@ def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
             or not (flags.c_contiguous and flags.writeable)
             or active
             or not ctx.alive
-            or now() != settings
+            or now[0] is not settings
         ):
             return False
         if flat:
@@ -396,7 +376,8 @@ def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
     return again
 
 
-def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo) -> None:
+def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo,
+              timeout: float) -> None:  # fmt: skip
     """Keep what a repeat of this call needs, if it can be repeated that way."""
     key, sendbuf, recvbuf, op, comm = given
     simple = (
@@ -411,29 +392,27 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     if not simple:
         return
     if key not in _seen:  # not a repeat (yet)
-        _make_room(_seen)
-        _seen[key] = None
+        _seen.put(key, None)
         return
-    _make_room(_repeats)
     run = None
     if algo.plan is not None:
-        run = _engine.prepare(ctx.plan(algo.plan, count), red, ctx, algo.name)
+        plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
+        run = _engine.prepare(plan, red, ctx, algo.name, timeout)
     elif algo.prepare is not None:
-        run = algo.prepare(red, ctx)
+        run = algo.prepare(red, ctx, timeout)
     if run is None:
-        fn, timeout = algo.run, ctx.timeout
+        fn = algo.run
 
         def run(work: np.ndarray, source: np.ndarray) -> None:
-            ctx.timeout = timeout  # another call's may be set
-            fn(work, red, ctx, None if source is work else source)
+            fn(work, red, ctx, None if source is work else source, timeout)
 
-    _repeats[key] = _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx, run)
+    _repeats.put(key, _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx, run))
 
 
-def _validate(ctx: Context, count: int, red: Reduction, algorithm: str) -> None:
+def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:
     """Every rank raises the same RingMPIError if the ranks disagree on the call."""
     mine = (count, red.dtype.name, red.name, algorithm)
-    ctx.arrive(ctx.comm, "validation")
+    ctx.arrive(ctx.comm, "validation", timeout)
     everyone = ctx.comm.allgather(mine)
     for field, i in (("count", 0), ("dtype", 1), ("op", 2), ("algorithm", 3)):
         values = [v[i] for v in everyone]

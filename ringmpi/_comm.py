@@ -15,28 +15,30 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import plans
+from . import _settings
+from ._cache import Bounded
 from ._errors import RingMPIError
-from ._settings import choice
 from .kernels import Reduction, decode_tag
+from .plans import Plan
 
 __all__ = [
-    "Context", "check_comm", "complete", "context", "differences", "sleepy_barrier", "timed_out",
+    "Context", "check_comm", "complete", "context", "disagreement", "sleepy_barrier", "timed_out",
 ]  # fmt: skip
 
-# Ranks per core from which waiting ranks poll and yield instead of spinning in MPI.
-# Measured (docs/performance.md, 8-byte ring in the step engine on 2 cores):
-# spinning is 2.5x faster at 16 ranks, even at 32, and 2.2x slower at 64.
+# Ranks per core from which waiting ranks poll and yield instead of spinning in MPI
+# (docs/performance.md has the measurement).
 _CROWDED = 16
-# Plans kept per communicator (a few rows each; a program calls with few sizes).
+# Plans and auto's choices kept per communicator (a program calls with few sizes).
 _PLANS_KEPT = 64
+_CHOICES_KEPT = 256
 
 
 class Context:
-    """What ringmpi keeps per communicator: the duplicate, plans, reusable buffers."""
+    """What ringmpi keeps per communicator: the duplicate, its node, plans, and each
+    algorithm's own state (:meth:`state`), all freed with the communicator."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
-        policy = _wait_policy()  # a bad setting fails before anything is made
+        wait = _settings.current().wait  # a bad setting fails before anything is made
         # Dup returns the caller's class; ringmpi.Comm overrides Allreduce, so keep a
         # plain Intracomm handle to the duplicate for the MPI baseline to call.
         self.comm = MPI.Intracomm(comm.Dup())
@@ -44,54 +46,69 @@ class Context:
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self._plans: dict[tuple[str, int], plans.Plan] = {}
-        self.chosen: dict[tuple, str] = {}  # auto's choice per size and settings
-        self.node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
+        self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
+        # auto's choice per (size, settings, ordered, half)
+        self.chosen: Bounded[tuple, object] = Bounded(_CHOICES_KEPT)
+        self._node_shape: dict[tuple, tuple[int, int]] = {}  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         self.alive = True  # until free(): the user freed the communicator
-        # Set by each call (ringmpi._api): seconds a rank waits without progress
-        # before it raises (0: forever), and whether the reduction order is fixed.
-        self.timeout = 0.0
-        self.reproducible = False
         # Why this communicator can no longer be used (a call that timed out may
         # have left messages in flight), or None.
         self.broken: str | None = None
-        # Algorithms' own cached state (node layouts, shared windows); each has free().
-        self.extra: dict = {}
+        self.engine = None  # the step engine's requests and call shapes (ringmpi._engine)
+        self._states: dict[str, object] = {}  # algorithm name -> its state
         # This rank's shared-memory node: it decides how to wait, and the
         # hierarchical algorithm and the CLI build on it.
         self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.sleepy = policy == "sleep" or (policy == "auto" and _crowded(self.node))
+        self.sleepy = wait == "sleep" or (wait == "auto" and _crowded(self.node))
         # Message tags carry the (op, dtype) code below 1024 and, above it, the count
         # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self._count_mod = max(1, min(65521, tag_ub // 1024 - 1))
+
+    def state(self, algo) -> object:
+        """``algo``'s state on this communicator (its ``state`` type, made on first use)."""
+        found = self._states.get(algo.name)
+        if found is None:
+            found = self._states[algo.name] = algo.state(self)
+        return found
+
+    def peek(self, name: str) -> object | None:
+        """Algorithm ``name``'s state if it has been made, else None."""
+        return self._states.get(name)
+
+    def nodes(self, settings: _settings.Settings) -> tuple[int, int]:
+        """(M nodes, ranks of the largest node) of this communicator under
+        ``settings``' emulated nodes (RINGMPI_RANKS_PER_NODE), without building a
+        layout. Emulated nodes follow from k alone; real ones take two small
+        collectives on first use (cached)."""
+        k, placement = settings.ranks_per_node, settings.node_placement
+        n = self.size
+        if k is not None:  # virtual_node's nodes (cut out of one real node)
+            nodes = -(-n // k)
+            return nodes, min(k, n) if placement == "block" else -(-n // nodes)
+        found = self._node_shape.get(())
+        if found is None:
+            nodes = self.comm.allreduce(1 if self.node.Get_rank() == 0 else 0)
+            found = self._node_shape[()] = (nodes, self.comm.allreduce(self.node.Get_size(),
+                                                                       op=MPI.MAX))  # fmt: skip
+        return found
 
     def tag(self, red: Reduction, count: int) -> int:
         """The tag of every message of a call: (op, dtype) and a fingerprint of the count."""
         return red.tag + 1024 * (count % self._count_mod)
 
     def disagreement(self, theirs: int, mine: int) -> str:
-        """Say what two message tags disagree on: op, dtype and/or count."""
+        """What two message tags disagree on (op, dtype, count modulo the tag's range)."""
         (their_count, their_code), (my_count, my_code) = divmod(theirs, 1024), divmod(mine, 1024)
-        (their_op, their_dt), (my_op, my_dt) = decode_tag(their_code), decode_tag(my_code)
-        said = []
-        if their_op != my_op:
-            said.append(f"op: {their_op} there, {my_op} here")
-        if their_dt != my_dt:
-            said.append(f"dtype: {their_dt} there, {my_dt} here")
-        if their_count != my_count:
-            said.append(f"count: {their_count} there, {my_count} here (mod {self._count_mod})")
-        return "ranks disagree on " + "; ".join(said)
+        return disagreement(their_count, my_count, their_code, my_code, self._count_mod)
 
-    def plan(self, algorithm: str, count: int) -> plans.Plan:
-        """This rank's plan of ``algorithm`` for ``count`` elements (cached)."""
-        key = (algorithm, count)
+    def plan(self, build, count: int, itemsize: int) -> Plan:
+        """This rank's plan from ``build(nranks, rank, count, itemsize)`` (cached)."""
+        key = (build, count, itemsize)
         found = self._plans.get(key)
         if found is None:
-            if len(self._plans) >= _PLANS_KEPT:
-                self._plans.clear()
-            found = self._plans[key] = plans.plan(algorithm, self.size, self.rank, count)
+            found = self._plans.put(key, build(self.size, self.rank, count, itemsize))
         return found
 
     def break_off(self, why: str) -> None:
@@ -105,11 +122,11 @@ class Context:
         )
         self.alive = False  # repeats of earlier calls take the checked path, which raises
 
-    def arrive(self, comm: MPI.Intracomm, where: str) -> None:
+    def arrive(self, comm: MPI.Intracomm, where: str, timeout: float) -> None:
         """Before a blocking collective on ``comm`` (setting up a window or a layout):
         with a timeout, first a nonblocking barrier that gives up in time."""
-        if self.timeout:
-            complete(comm.Ibarrier(), self, f"rank {self.rank}: {where}", _EVERYONE)
+        if timeout:
+            complete(comm.Ibarrier(), self, timeout, f"rank {self.rank}: {where}", _EVERYONE)
 
     def barrier(self) -> None:
         if self.sleepy:
@@ -125,9 +142,11 @@ class Context:
 
     def free(self) -> None:
         self.alive = False
-        for item in reversed(list(self.extra.values())):
-            item.free()
-        self.extra.clear()
+        for state in reversed(list(self._states.values())):
+            state.free()
+        self._states.clear()
+        if self.engine is not None:
+            self.engine.free()
         if self.node != MPI.COMM_NULL:
             self.node.Free()
         # A broken-off duplicate is never freed: MPI may give its context to a new
@@ -144,43 +163,47 @@ def sleepy_barrier(comm: MPI.Intracomm) -> None:
         time.sleep(0.002)
 
 
-def differences(their_count: int, my_count: int, their_tag: int, my_tag: int) -> str:
-    """What two ranks' calls differ in: "count: 3 there, 4 here; op: ..." (tags are
-    reductions' (op, dtype) codes)."""
+def disagreement(their_count: int, my_count: int, their_tag: int, my_tag: int,
+                 mod: int = 0) -> str:  # fmt: skip
+    """The one message for calls that differ: "ranks disagree on count: 3 there, 4
+    here; op: ..." (tags are reductions' (op, dtype) codes; ``mod``: the counts are
+    known modulo it only)."""
     said = []
     if their_count != my_count:
-        said.append(f"count: {their_count} there, {my_count} here")
+        said.append(
+            f"count: {their_count} there, {my_count} here" + (f" (mod {mod})" if mod else "")
+        )
     (their_op, their_dt), (my_op, my_dt) = decode_tag(their_tag), decode_tag(my_tag)
     if their_op != my_op:
         said.append(f"op: {their_op} there, {my_op} here")
     if their_dt != my_dt:
         said.append(f"dtype: {their_dt} there, {my_dt} here")
-    return "; ".join(said)
+    return "ranks disagree on " + "; ".join(said)
 
 
 _EVERYONE = "the other ranks to arrive (a barrier: MPI does not say which rank is missing)"
 
 
-def timed_out(ctx: Context, where: str, waiting_for: str) -> RingMPIError:
-    """The error for a wait that made no progress for ``ctx.timeout`` seconds (and the
+def timed_out(ctx: Context, timeout: float, where: str, waiting_for: str) -> RingMPIError:
+    """The error for a wait that made no progress for ``timeout`` seconds (and the
     communicator is broken off: the call's messages may still be in flight).
     ``where``: "rank R: algorithm phase step S"; ``waiting_for``: whom, for what."""
-    why = f"{where}: waited {ctx.timeout:g} s for {waiting_for} without progress (timeout)"
+    why = f"{where}: waited {timeout:g} s for {waiting_for} without progress (timeout)"
     ctx.break_off(why)
     return RingMPIError(why)
 
 
-def complete(req: MPI.Request, ctx: Context, where: str, waiting_for: str) -> None:
+def complete(req: MPI.Request, ctx: Context, timeout: float, where: str, waiting_for: str) -> None:
     """Wait for ``req`` (a nonblocking collective or message), giving up after
-    ``ctx.timeout`` seconds (0: wait as long as it takes)."""
-    if not ctx.timeout:
+    ``timeout`` seconds (0: wait as long as it takes)."""
+    if not timeout:
         req.Wait()
         return
     start = time.monotonic()
     pause = 0.0
     while not req.Test():
-        if time.monotonic() - start > ctx.timeout:
-            raise timed_out(ctx, where, waiting_for)
+        if time.monotonic() - start > timeout:
+            raise timed_out(ctx, timeout, where, waiting_for)
         if ctx.sleepy or pause:
             time.sleep(pause or 0.0005)
         # Spin for the first millisecond, then poll every 0.5 ms.
@@ -200,10 +223,6 @@ def _arrive(comm: MPI.Intracomm, timeout: float) -> None:
                 "barrier stays posted on the communicator: end the job"
             )
         time.sleep(0.0005)
-
-
-def _wait_policy() -> str:
-    return choice("RINGMPI_WAIT", ("auto", "spin", "sleep"))
 
 
 def _crowded(node: MPI.Intracomm) -> bool:

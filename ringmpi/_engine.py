@@ -19,7 +19,7 @@ pipelined rings. A store receives every segment straight into place.
 While waiting, a rank spins in MPI_Wait, or, on a node with many more ranks
 than cores (``Context.sleepy``), polls MPI_Test and yields the core between
 polls (sched_yield), so that the rank it waits for can run. With a timeout
-(``Context.timeout``) it polls MPI_Test too, reading the clock every 256
+(the call's) it polls MPI_Test too, reading the clock every 256
 polls, and gives up on a request that has not completed in that time; the
 single-segment shortcut through the blocking MPI_Sendrecv is then not taken.
 
@@ -38,7 +38,8 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from . import _settings, _trace
+from . import _trace
+from ._cache import Bounded
 from ._capi import (
     abi,
     handle,
@@ -55,8 +56,10 @@ from ._capi import (
 )
 from ._comm import timed_out
 from ._errors import RingMPIError
-from ._settings import positive_int
-from .kernels import DTYPES, Reduction, combine_by_code, divide_by, fold_parts
+from ._half import fold_parts
+from ._ops import combine_by_code, divide_by
+from ._settings import current
+from .kernels import DTYPES, Reduction
 from .plans import (
     ACTION,
     FINAL,
@@ -400,25 +403,26 @@ def _exchange_half(out, source, slots, table, starts, fold, state, requests, sta
 
 
 def segment_bytes() -> int:
-    """The segment size: ``RINGMPI_SEGMENT_BYTES`` or the measured default."""
-    return min(positive_int("RINGMPI_SEGMENT_BYTES") or SEGMENT_BYTES, _MAX_SEGMENT)
+    """The segment size: the ``segment_bytes`` setting or the measured default."""
+    return min(current().segment_bytes or SEGMENT_BYTES, _MAX_SEGMENT)
 
 
 class _Shape:
     """What stays fixed between calls of one shape (plan, op and dtype, segment)."""
 
-    def __init__(self, plan: Plan, red: Reduction, ctx, engine: _Engine, seg_bytes: int) -> None:
+    def __init__(self, plan: Plan, red: Reduction, ctx, engine: _Engine, seg_bytes: int,
+                 timeout: float) -> None:  # fmt: skip
         a = engine.abi
         lanes = red.lanes(np.zeros(0, red.dtype)).dtype
         w = red.lanes(np.zeros(1, red.dtype)).size
         seg = max(1, seg_bytes // lanes.itemsize)
         table = plan.table
-        self.plan, self.red, self.seg_bytes = plan, red, seg_bytes
+        self.plan, self.red, self.seg_bytes, self.timeout = plan, red, seg_bytes, timeout
         self.tag = ctx.tag(red, plan.count)
         fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
                  _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
                  _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w,
-                 _TIMEOUT: round(ctx.timeout * 1e9)}  # fmt: skip
+                 _TIMEOUT: round(timeout * 1e9)}  # fmt: skip
         # The fixed arguments, then what each call reports (see _execute).
         self.state = np.zeros(_NPARAMS + 2 * len(table) + 4, np.int64)
         self.state[list(fixed)] = list(fixed.values())
@@ -443,7 +447,7 @@ class _Engine:
         self.requests = np.zeros(0, np.uint8)  # the request slots, then a live flag each
         self.nslots = 0
         self.status = np.zeros(max(a.status_size, 64) // 4 + 2, np.int32)
-        self.shapes: dict[tuple[int, int, int], _Shape] = {}
+        self.shapes: Bounded[tuple, _Shape] = Bounded(_SHAPES_KEPT)
         self._scratch = np.zeros(0, np.uint8)
 
     def scratch(self, nbytes: int) -> np.ndarray:
@@ -458,15 +462,13 @@ class _Engine:
             self.requests = np.zeros(n * (self.abi.request_size + 1), np.uint8)
             self.nslots = n
 
-    def shape(self, plan: Plan, red: Reduction, ctx, setting: str) -> _Shape:
-        """The shape of a call: ``setting`` is RINGMPI_SEGMENT_BYTES's text (keyed by
-        it, parsed only when a new shape is made); the timeout is part of it."""
-        key = (id(plan), red.tag, setting, ctx.timeout)
+    def shape(self, plan: Plan, red: Reduction, ctx, timeout: float) -> _Shape:
+        """The shape of a call: the plan, the reduction, the segment and the timeout."""
+        seg = segment_bytes()
+        key = (plan, red.tag, seg, timeout)
         found = self.shapes.get(key)
-        if found is None or found.plan is not plan:
-            if len(self.shapes) >= _SHAPES_KEPT:
-                self.shapes.clear()
-            found = self.shapes[key] = _Shape(plan, red, ctx, self, segment_bytes())
+        if found is None:
+            found = self.shapes.put(key, _Shape(plan, red, ctx, self, seg, timeout))
         return found
 
     def free(self) -> None:
@@ -496,13 +498,15 @@ def run(
     red: Reduction,
     ctx,
     algorithm: str,
+    timeout: float = 0.0,
     *,
     prefix: str = "",
     peers=None,
     source: np.ndarray | None = None,
 ) -> None:
     """Carry out ``plan`` on ``work`` (1-D, contiguous) over ``ctx``'s communicator;
-    this rank's contribution is ``source`` (copied into ``work`` first) or ``work``.
+    this rank's contribution is ``source`` (copied into ``work`` first) or ``work``;
+    a wait without progress for ``timeout`` seconds raises (0: none).
 
     ``peers`` maps ranks of ``ctx`` to ranks the user knows (the caller's
     communicator), for the trace and the error messages.
@@ -511,19 +515,19 @@ def run(
         if source is not None:
             np.copyto(work, source)
         return
-    engine = _engine_of(ctx)
-    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
+    shape = _engine_of(ctx).shape(plan, red, ctx, timeout)
     report = shape.report
     into, source = work, work if source is None else source
     if shape.split:
         into, source = red.lanes(into), red.lanes(source)
+    engine = ctx.engine
     _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.state,
              engine.requests, engine.status)  # fmt: skip
     failed = report.item(-4) != _OK
     if _trace._active:
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
-        _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, prefix, peers or range(ctx.size))
+        _raise(report[-4:], plan, work, ctx, shape, algorithm, prefix, peers or range(ctx.size))
 
 
 def run_half(
@@ -536,13 +540,14 @@ def run_half(
     red: Reduction,
     ctx,
     algorithm: str,
+    timeout: float = 0.0,
 ) -> None:
     """Carry out a half type's direct exchange ``plan`` (16-bit patterns: ``out``,
     ``source`` and ``slots`` as uint16): sends read ``source``, receives fill
     ``slots``, and this rank's chunk (from ``chunk`` on) is folded into ``out`` from
     the contributions at ``starts`` as its segments arrive (:func:`_exchange_half`)."""
     engine = _engine_of(ctx)
-    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
+    shape = engine.shape(plan, red, ctx, timeout)
     fold = shape.fold
     if fold is None:
         fold = shape.fold = np.zeros(4, np.int64)
@@ -555,10 +560,10 @@ def run_half(
     if _trace._active:
         _record(plan, report, algorithm, "", range(ctx.size))
     if failed:
-        _raise(report[-4:], plan, out, ctx, shape.tag, algorithm, "", range(ctx.size))
+        _raise(report[-4:], plan, out, ctx, shape, algorithm, "", range(ctx.size))
 
 
-def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
+def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
     """A function ``again(work, source)`` that carries out ``plan`` once more, on
     buffers of the same size and dtype, with the least Python (the API's path for
     a call that repeats the last one, on the same arrays; no trace). None when the
@@ -566,7 +571,7 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
     if not len(plan.table):
         return None
     engine = _engine_of(ctx)
-    shape = engine.shape(plan, red, ctx, _settings.get("RINGMPI_SEGMENT_BYTES"))
+    shape = engine.shape(plan, red, ctx, timeout)
     table, scratch, divisor, state, report = (
         plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
     )  # fmt: skip
@@ -581,16 +586,16 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str):
             entry = _execute.compile(tuple(numba.typeof(a) for a in args))
         entry(*args)
         if report.item(-4) != _OK:
-            _raise(report[-4:], plan, work, ctx, shape.tag, algorithm, "", range(ctx.size))
+            _raise(report[-4:], plan, work, ctx, shape, algorithm, "", range(ctx.size))
 
     return again
 
 
 def _engine_of(ctx) -> _Engine:
     """The communicator's engine state (made on first use)."""
-    engine = ctx.extra.get("engine")
+    engine = ctx.engine
     if engine is None:
-        engine = ctx.extra["engine"] = _Engine(ctx)
+        engine = ctx.engine = _Engine(ctx)
     return engine
 
 
@@ -607,7 +612,7 @@ def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) 
 
 
 def _raise(
-    err, plan: Plan, work: np.ndarray, ctx, tag: int, algorithm: str, prefix: str, peers
+    err, plan: Plan, work: np.ndarray, ctx, shape: _Shape, algorithm: str, prefix: str, peers
 ) -> None:
     """Raise the RingMPIError ``err`` reports. The communicator is broken off first:
     the other ranks may still be sending this call's messages."""
@@ -621,13 +626,13 @@ def _raise(
     expected = int(r[RECV_LEN]) * work.itemsize
     if what == _TIMED_OUT:
         other = peers[int(err[2])]
-        raise timed_out(ctx, where, f"rank {other} to take its message" if err[3]
+        raise timed_out(ctx, shape.timeout, where, f"rank {other} to take its message" if err[3]
                         else f"rank {other}'s message")  # fmt: skip
     if what == _WRONG_COUNT:
         said = (f"rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "
                 "ranks disagree on count or dtype")  # fmt: skip
     elif what == _WRONG_TAG:
-        said = f"message from rank {peer}: " + ctx.disagreement(int(err[2]), tag)
+        said = f"message from rank {peer}: " + ctx.disagreement(int(err[2]), shape.tag)
     elif MPI.Get_error_class(int(err[2])) in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
         said = (f"rank {peer} sent more than the {expected} bytes expected; "
                 "ranks disagree on count or dtype")  # fmt: skip

@@ -1,156 +1,183 @@
-"""ringmpi's environment settings (RINGMPI_*), read and checked in one place.
+"""ringmpi's settings: one frozen snapshot, read from the RINGMPI_* environment once.
 
-They are read at every call, so a program (or the CLI) may change them between
-calls. ``os.environ.get`` of an unset variable costs about 0.7 us (a KeyError
-raised and caught inside it), a sizeable part of an 8-byte all-reduce, so on
-POSIX the lookup reads the mapping's own dictionary, which ``os.environ``
-keeps current on every change.
+Each field of :class:`Settings` is one setting; its environment variable is
+``RINGMPI_`` and the field's name in capitals. The environment is read at the
+first call that needs a setting, never again; a program changes settings
+from code with :func:`ringmpi.configure` (for the rest of the run) or
+:func:`ringmpi.configured` (inside a ``with`` block). Every change makes a new
+snapshot, so a cache keyed by the snapshot object (the repeat path, auto's
+choice) is current by an identity test.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
 
-__all__ = ["choice", "flag", "get", "positive_int", "seconds", "snapshot", "snapshotter", "watcher"]
+__all__ = ["Settings", "configure", "configured", "current", "parse_seconds", "using"]
 
-_raw = getattr(os.environ, "_data", None)
-_fast = os.name == "posix" and isinstance(_raw, dict)
-
-
-_keys: dict[str, bytes] = {}
-
-
-def get(name: str) -> str:
-    """The value of environment variable ``name``; empty when unset."""
-    if _fast:
-        key = _keys.get(name)
-        if key is None:
-            key = _keys[name] = os.fsencode(name)
-        value = _raw.get(key)
-        return "" if value is None else os.fsdecode(value)
-    return os.environ.get(name, "")
+PLACEMENTS = ("block", "cyclic")
+STORES = ("auto", "cached", "streaming")
+WAITS = ("auto", "spin", "sleep")
 
 
-def snapshot(names: tuple[str, ...]) -> tuple:
-    """The raw values of several variables at once (None where unset), to key a cache."""
-    if _fast:
-        return tuple(map(_raw.get, _encoded(names)))
-    return tuple(os.environ.get(name) for name in names)
+def _text(value: object) -> str:
+    return str(value)
 
 
-def snapshotter(names: tuple[str, ...]):
-    """A function of no arguments that returns ``snapshot(names)``, for hot paths."""
-    if _fast:
-        keys, lookup = _encoded(names), _raw.get
-        return lambda: tuple(map(lookup, keys))
-    return lambda: snapshot(names)
+def _switch(value: object) -> bool:
+    if isinstance(value, str):
+        return value.strip() not in ("", "0")
+    return bool(value)
 
 
-def watcher(names: tuple[str, ...]):
-    """A function of no arguments whose value changes whenever any of ``names`` may
-    have changed: a count of every change made through ``os.environ`` (about 5 ns,
-    where comparing snapshots of ten variables costs about 0.6 us of an 8-byte
-    call), or, where ``os.environ`` cannot be watched, ``snapshot(names)``."""
-    if _watched:
-        changes = _changes
-        return lambda: changes[0]
-    return snapshotter(names)
-
-
-# Every change made through os.environ counts here: its class is replaced by a
-# subclass whose __setitem__ and __delitem__ (which update, pop, clear and
-# setdefault go through) also bump the count.
-_changes = [0]
-
-
-def _watch() -> bool:
-    base = type(os.environ)
-
-    class _Watched(base):  # type: ignore[misc, valid-type]
-        def __setitem__(self, key, value):
-            super().__setitem__(key, value)
-            _changes[0] += 1
-
-        def __delitem__(self, key):
-            super().__delitem__(key)
-            _changes[0] += 1
-
-    try:
-        os.environ.__class__ = _Watched
-    except TypeError:
-        return False
-    return True
-
-
-_watched = _fast and (type(os.environ).__name__ == "_Watched" or _watch())
-
-
-_encodings: dict[tuple[str, ...], tuple[bytes, ...]] = {}
-
-
-def _encoded(names: tuple[str, ...]) -> tuple[bytes, ...]:
-    found = _encodings.get(names)
-    if found is None:
-        found = _encodings[names] = tuple(os.fsencode(n) for n in names)
-    return found
-
-
-def positive_int(name: str) -> int | None:
-    """The whole number >= 1 in environment variable ``name``, or None when unset."""
-    text = get(name)
-    if not text:
+def _count(value: object, says: str) -> int | None:
+    """A whole number >= 1, or None (unset, empty, None)."""
+    if value is None or value == "":
         return None
-    return _parsed(text, int, lambda v: v >= 1, f"{name} must be a whole number >= 1")
-
-
-def _parsed(text: str, kind, allowed, says: str):
-    """``kind(text)`` if ``allowed`` by it, else ValueError(``says``, not text);
-    remembered per text (a setting is parsed on every call)."""
-    known = _known.get((kind, text))
-    if known is not None:
-        return known
     try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or not allowed(value):
-        raise ValueError(f"{says}, not {text!r}")
-    _known[(kind, text)] = value
-    return value
+        number = int(value) if not isinstance(value, float) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or isinstance(value, bool) or number < 1:
+        raise ValueError(f"{says} must be a whole number >= 1, not {value!r}")
+    return number
 
 
-_known: dict[tuple, object] = {}
-
-
-def choice(name: str, options: tuple[str, ...]) -> str:
-    """One of ``options`` from environment variable ``name``; the first when unset."""
-    value = get(name) or options[0]
-    if value not in options:
-        allowed = ", ".join(options[:-1]) + f" or {options[-1]}"
-        raise ValueError(f"{name} must be {allowed}, not {value!r}")
-    return value
-
-
-def flag(name: str) -> bool:
-    """Environment variable ``name`` as a switch: unset, empty or ``0`` is off."""
-    return get(name) not in ("", "0")
-
-
-def seconds(value: object, name: str) -> float:
-    """A timeout in seconds: a finite number > 0, or None/0 for none (returns 0.0).
-    ``name`` says where it came from, for the error."""
+def parse_seconds(value: object, says: str) -> float:
+    """A timeout in seconds: a finite number >= 0, or None, empty or 0 for none
+    (returns 0.0). ``says`` names where it came from, for the error."""
     if value is None:
         return 0.0
-    says = f"{name} must be a number of seconds >= 0"
     if isinstance(value, str):
         text = value.strip()
-        return _parsed(text, float, _finite, says) if text else 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
-    if not _finite(value):
-        raise ValueError(f"{says}, not {value!r}")
+        if not text:
+            return 0.0
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{says} must be a number of seconds >= 0, not {text!r}") from None
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{says} must be a number of seconds or None, not {type(value).__name__}")
+    if not 0.0 <= value < math.inf:
+        raise ValueError(f"{says} must be a number of seconds >= 0, not {value!r}")
     return float(value)
 
 
-def _finite(value: float) -> bool:
-    return 0.0 <= value < float("inf")
+def _one_of(options: tuple[str, ...]):
+    def parse(value: object, says: str) -> str:
+        text = str(value) if value not in (None, "") else options[0]
+        if text not in options:
+            allowed = ", ".join(options[:-1]) + f" or {options[-1]}"
+            raise ValueError(f"{says} must be {allowed}, not {text!r}")
+        return text
+
+    return parse
+
+
+def _setting(default: object, parse, doc: str):
+    return field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True, eq=False)  # a snapshot is itself: caches key it by identity
+class Settings:
+    """Every setting, checked. Field ``x`` is environment variable ``RINGMPI_X``."""
+
+    algorithm: str = _setting(
+        "auto", lambda v, s: _text(v) or "auto", "the algorithm auto resolves to (a registry name)"
+    )
+    tuning: str = _setting("", lambda v, s: _text(v or ""), "a tuning file for auto's cost model")
+    ranks_per_node: int | None = _setting(None, _count, "emulated nodes of this many ranks")
+    node_placement: str = _setting("block", _one_of(PLACEMENTS), "emulated nodes: block or cyclic")
+    validate: bool = _setting(False, lambda v, s: _switch(v), "check that the ranks agree first")
+    segment_bytes: int | None = _setting(None, _count, "bytes of each message segment")
+    window_stores: str = _setting("auto", _one_of(STORES), "hierarchical's stores to its window")
+    piece_bytes: int | None = _setting(None, _count, "bytes of each hierarchical pass")
+    timeout: float = _setting(0.0, parse_seconds, "seconds without progress before giving up")
+    reproducible: bool = _setting(False, lambda v, s: _switch(v), "fold in rank order, bitwise")
+    wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")
+
+    @staticmethod
+    def variable(name: str) -> str:
+        return "RINGMPI_" + name.upper()
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings the ``RINGMPI_*`` variables of ``environ`` (default: this
+        process's environment) give; ValueError naming a variable with a bad value."""
+        env = os.environ if environ is None else environ
+        given = {
+            f.name: env[cls.variable(f.name)] for f in fields(cls) if cls.variable(f.name) in env
+        }
+        return cls()._with(given, cls.variable)
+
+    def changed(self, **changes: object) -> Settings:
+        """A new snapshot: this one with ``changes`` (checked as :func:`configure` does)."""
+        return self._with(changes, lambda name: name)
+
+    def _with(self, changes: Mapping[str, object], says) -> Settings:
+        known = {f.name: f for f in fields(self)}
+        parsed = {}
+        for name, value in changes.items():
+            if name not in known:
+                raise TypeError(f"unknown setting {name!r} (known: {', '.join(known)})")
+            parsed[name] = known[name].metadata["parse"](value, says(name))
+        return replace(self, **parsed)
+
+
+_now: list[Settings | None] = [None]
+
+
+def current() -> Settings:
+    """The settings in force: read from the environment at the first use."""
+    now = _now[0]
+    if now is None:
+        now = _now[0] = Settings.from_environ()
+    return now
+
+
+def configure(**changes: object) -> Settings:
+    """Change settings for the rest of the run: ``ringmpi.configure(timeout=30,
+    segment_bytes=1 << 20)``; a value of None restores the default. Values are
+    checked as the environment's are (strings are parsed); returns the new
+    settings. Every rank should make the same changes."""
+    _now[0] = current().changed(**_defaulted(changes))
+    return _now[0]
+
+
+def _defaulted(changes: Mapping[str, object]) -> dict[str, object]:
+    """``changes`` with None as the setting's default."""
+    defaults = Settings()
+    return {k: getattr(defaults, k) if v is None and k in _names() else v
+            for k, v in changes.items()}  # fmt: skip
+
+
+@contextmanager
+def configured(**changes: object) -> Iterator[Settings]:
+    """:func:`configure` inside a ``with`` block: the settings before it come back after."""
+    with using(current().changed(**_defaulted(changes))) as now:
+        yield now
+
+
+@contextmanager
+def using(snapshot: Settings) -> Iterator[Settings]:
+    """The settings ``snapshot`` inside a ``with`` block (a tool's prepared variant)."""
+    before = current()
+    _now[0] = snapshot
+    try:
+        yield snapshot
+    finally:
+        _now[0] = before
+
+
+def reread() -> Settings:
+    """Read the environment again (its ``RINGMPI_*`` variables replace every setting)."""
+    _now[0] = None
+    return current()
+
+
+def _names() -> set[str]:
+    return {f.name for f in fields(Settings)}

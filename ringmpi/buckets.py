@@ -36,17 +36,14 @@ after the first, and the per-bucket all-reduces take ringmpi's repeat path
 dtype's largest bucket, is shared by its buckets in turn (they are reduced one
 after another), so it stays in cache between packing, reducing and unpacking.
 
-``python -m ringmpi.buckets`` benchmarks fused buckets against one ringmpi
+``python -m ringmpi buckets`` benchmarks fused buckets against one ringmpi
 call per array and one ``MPI_Allreduce`` per array (docs/performance.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
-import sys
-import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +53,9 @@ from mpi4py import MPI
 
 from . import _settings, algorithms, kernels
 from ._api import Allreduce, _as_array
-from ._cli import _size
-from ._comm import check_comm, context
+from ._cache import Bounded
+from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
-from ._settings import flag
 
 __all__ = ["BUCKET_BYTES", "allreduce_many"]
 
@@ -99,11 +95,9 @@ def allreduce_many(
     copied into its bucket and back anyway.
     """
     comm = check_comm(comm)  # no collective can tell the others about a bad comm
-    waits = _settings.seconds(
-        _settings.get("RINGMPI_TIMEOUT") if timeout is None else timeout,
-        "RINGMPI_TIMEOUT" if timeout is None else "timeout",
-    )
-    ordered = flag("RINGMPI_REPRODUCIBLE") if reproducible is None else bool(reproducible)
+    settings = _settings.current()
+    waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
+    ordered = settings.reproducible if reproducible is None else bool(reproducible)
     plan = problem = None
     views: list[np.ndarray] = []
     try:
@@ -146,7 +140,7 @@ class _Plan:
     buckets: list[_Bucket]
 
 
-_plans: dict[tuple, _Plan] = {}
+_plans: Bounded[tuple, _Plan] = Bounded(_PLANS_KEPT)
 
 
 def _prepare(
@@ -168,10 +162,7 @@ def _prepare(
            ordered)  # fmt: skip
     plan = _plans.get(key)
     if plan is None:
-        plan = _make_plan(views, op, int(bucket_bytes), algorithm, ordered)
-        if len(_plans) >= _PLANS_KEPT:
-            _plans.clear()
-        _plans[key] = plan
+        plan = _plans.put(key, _make_plan(views, op, int(bucket_bytes), algorithm, ordered))
     return views, plan
 
 
@@ -244,10 +235,10 @@ def _agree(comm: MPI.Intracomm, waits: float, plan: _Plan | None, problem: Excep
     digest = 0 if plan is None else plan.digest
     ctx = context(comm, waits)
     # The same two arrays every call on a communicator: ringmpi's repeat path.
-    record = ctx.extra.get(_CHECK)
-    if record is None:
-        record = ctx.extra[_CHECK] = _Record()
-    mine, them = record.arrays
+    arrays = _checks.get(ctx)
+    if arrays is None:
+        arrays = _checks[ctx] = (np.zeros(3, np.int64), np.zeros(3, np.int64))
+    mine, them = arrays
     mine[:] = (digest, -digest, problem is not None)
     try:
         Allreduce(mine, them, MPI.MAX, comm, timeout=waits, validate=False, reproducible=False)
@@ -263,17 +254,10 @@ def _agree(comm: MPI.Intracomm, waits: float, plan: _Plan | None, problem: Excep
     raise RingMPIError("allreduce_many: " + _differences(said))
 
 
-_CHECK = "allreduce_many's check"
-
-
-class _Record:
-    """The check's two int64 triples, kept with the communicator's context."""
-
-    def __init__(self) -> None:
-        self.arrays = (np.zeros(3, np.int64), np.zeros(3, np.int64))
-
-    def free(self) -> None:  # the context frees what it keeps
-        pass
+# The check's two int64 triples, per communicator (they go with its context).
+_checks: weakref.WeakKeyDictionary[Context, tuple[np.ndarray, np.ndarray]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 _FIELDS = ("arrays", "op", "bucket_bytes", "algorithm", "reproducible")
@@ -311,148 +295,3 @@ def _by_rank(values: list) -> str:
         + f" {v!r}"
         for v, r in groups.items()
     )
-
-
-# --- the benchmark: python -m ringmpi.buckets ---------------------------------------
-# Gradients of a training step: --arrays float32 arrays whose sizes are drawn (seeded,
-# the same on every rank) log-uniformly from --min to --max bytes. Each repetition
-# runs every method once, in a rotated order, on fresh copies of the inputs; a
-# method's time in a repetition is the slowest rank's, and the table gives each
-# method's median over the repetitions. Inputs are small integers in floating point
-# (rank + 1 times a small pattern), so every sum is exact and #wrong is exact too.
-
-
-def _inputs(nbytes: list[int], dtype: np.dtype, rank: int) -> list[np.ndarray]:
-    return [
-        ((np.arange(n // dtype.itemsize) % 7) + i % 5).astype(dtype) * (rank + 1)
-        for i, n in enumerate(nbytes)
-    ]
-
-
-def _methods(comm: MPI.Intracomm, op: Any, buckets: list[int], algorithm: str) -> dict:
-    ring = comm  # one name per method, one closure each
-
-    def fused(b: int):
-        return lambda arrays: allreduce_many(arrays, op, ring, bucket_bytes=b, algorithm=algorithm)
-
-    def fresh(arrays):  # the plan and its pack buffers made anew: no reuse
-        _plans.clear()
-        allreduce_many(arrays, op, ring, bucket_bytes=buckets[0], algorithm=algorithm)
-
-    def each_ringmpi(arrays):
-        for a in arrays:
-            Allreduce(MPI.IN_PLACE, a, op, ring, algorithm=algorithm)
-
-    def each_mpi(arrays):
-        for a in arrays:
-            ring.Allreduce(MPI.IN_PLACE, a, op)
-
-    found = {f"fused {_human(b)}": fused(b) for b in buckets}
-    found[f"fused {_human(buckets[0])}, no reuse"] = fresh
-    found["ringmpi each"] = each_ringmpi
-    found["MPI_Allreduce each"] = each_mpi
-    return found
-
-
-def _human(n: int) -> str:
-    for unit, size in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size}{unit}"
-    return str(n)
-
-
-def _collectives(nbytes: list[int], itemsize: int, bucket_bytes: int) -> int:
-    """Buckets of one dtype, as _make_plan forms them."""
-    count, size = 0, 0
-    for raw in nbytes:
-        n = raw // itemsize * itemsize
-        if n >= bucket_bytes:
-            count += 1
-        elif size + n > bucket_bytes:
-            count, size = count + 1, n
-        else:
-            size += n
-    return count + (size > 0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m ringmpi.buckets",
-        description="Fused buckets (allreduce_many) against one call per array.",
-    )
-    p.add_argument("--arrays", type=int, default=200, help="arrays per step (200)")
-    p.add_argument("--min", type=_size, default=1 << 10, help="smallest array, bytes (1K)")
-    p.add_argument("--max", type=_size, default=64 << 10, help="largest array, bytes (64K)")
-    p.add_argument("-d", "--dtype", default="float32", help="dtype (float32)")
-    p.add_argument("-o", "--op", default="sum", help="op (sum)")
-    p.add_argument("-a", "--algorithm", default="auto", help="ringmpi's algorithm (auto)")
-    p.add_argument(
-        "--bucket-bytes", type=_size, nargs="+", default=[BUCKET_BYTES],
-        help=f"bucket sizes; the first also runs without reuse ({_human(BUCKET_BYTES)})",
-    )  # fmt: skip
-    p.add_argument("-n", "--iters", type=int, default=30, help="repetitions (30)")
-    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed repetitions first (3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sizes (0)")
-    p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
-    args = p.parse_args(argv)
-
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    dtype = np.dtype(args.dtype)
-    op = kernels.op_from_name(args.op)
-    rng = np.random.default_rng(args.seed)
-    lo, hi = np.log(args.min), np.log(args.max)
-    nbytes = [max(dtype.itemsize, int(np.exp(rng.uniform(lo, hi)))) for _ in range(args.arrays)]
-    inputs = _inputs(nbytes, dtype, rank)
-    scale = size * (size + 1) // 2  # sum over ranks of (rank + 1)
-    expected = [x / (rank + 1) * scale for x in inputs] if args.op == "sum" else None
-    methods = _methods(comm, op, args.bucket_bytes, args.algorithm)
-    names = list(methods)
-    times: dict[str, list[float]] = {m: [] for m in names}
-    wrong = dict.fromkeys(names, 0)
-    work = [x.copy() for x in inputs]
-    for rep in range(args.warmup + args.iters):
-        shift = rep % len(names)
-        for name in names[shift:] + names[:shift]:
-            for w, x in zip(work, inputs, strict=True):
-                w[...] = x
-            comm.Barrier()
-            t0 = time.perf_counter()
-            methods[name](work)
-            elapsed = comm.allreduce(time.perf_counter() - t0, MPI.MAX)
-            if rep >= args.warmup:
-                times[name].append(elapsed)
-            if expected is not None:
-                wrong[name] += sum(
-                    int(np.count_nonzero(w != e)) for w, e in zip(work, expected, strict=True)
-                )
-    wrong = {m: comm.allreduce(v) for m, v in wrong.items()}
-    total = sum(x.nbytes for x in inputs)
-    rows = []
-    base = float(np.median(times["MPI_Allreduce each"]))
-    for name in names:
-        b = next((b for b in args.bucket_bytes if name.startswith(f"fused {_human(b)}")), None)
-        calls = _collectives(nbytes, dtype.itemsize, b) if b is not None else args.arrays
-        med = float(np.median(times[name]))
-        rows.append({"method": name, "collectives": calls, "median_ms": med * 1e3,
-                     "min_ms": min(times[name]) * 1e3, "vs_mpi_each": base / med,
-                     "wrong": wrong[name] if expected is not None else None})  # fmt: skip
-    if rank == 0:
-        print(f"# ranks {size}, {args.arrays} {dtype.name} arrays of {_human(args.min)}-"
-              f"{_human(args.max)} ({total / 2**20:.2f} MiB), op {args.op}, algorithm "
-              f"{args.algorithm}, median of {args.iters} interleaved repetitions")  # fmt: skip
-        print(f"{'method':<24} {'collectives':>11} {'median ms':>10} {'min ms':>8} "
-              f"{'vs MPI each':>11} {'#wrong':>7}")  # fmt: skip
-        for r in rows:
-            w = "-" if r["wrong"] is None else r["wrong"]
-            print(f"{r['method']:<24} {r['collectives']:>11} {r['median_ms']:>10.3f} "
-                  f"{r['min_ms']:>8.3f} {r['vs_mpi_each']:>10.2f}x {w:>7}")  # fmt: skip
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"ranks": size, "arrays": args.arrays, "bytes": total,
-                           "dtype": dtype.name, "rows": rows}, f, indent=1)  # fmt: skip
-    return 1 if any(r["wrong"] for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

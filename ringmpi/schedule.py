@@ -19,13 +19,12 @@ The ring runs two phases of ``N - 1`` steps each::
 After reduce-scatter, rank ``r`` holds the finished chunk ``r + 1`` (all
 indices modulo ``N``); all-gather passes the finished chunks once around.
 
-Run ``python -m ringmpi.schedule N`` to print the step table and the cost
-table, both counted by simulating every rank with this module's schedule.
+``python -m ringmpi schedule N`` prints the step table and the cost table,
+both counted by simulating every rank with this module's schedule.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -36,9 +35,7 @@ __all__ = [
     "Step",
     "chunk_bounds",
     "hierarchical_plan",
-    "main",
     "owned_slices",
-    "plot_hierarchical",
     "ring_steps",
     "simulate_hierarchical",
     "simulate_naive",
@@ -243,140 +240,3 @@ def simulate_hierarchical(
             assert all(chunk == set(range(m)) for chunk in held[p]), (j, p)
     assert sorted(r for node in plan.nodes for r in node) == sorted(everyone)
     return cost
-
-
-def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) -> str:
-    plan = hierarchical_plan(nranks, per_node, placement)
-    h = simulate_hierarchical(nranks, per_node, placement, count)
-    ring, _, _ = simulate_ring(nranks, count)
-    lines = [f"hierarchical plan for N={nranks}, {per_node} ranks per node, {placement}:"]
-    lines.append("  nodes: " + " ".join("[" + ",".join(map(str, n)) + "]" for n in plan.nodes))
-    for j, rail in enumerate(plan.rails):
-        lines.append(f"  slice {j}: rail " + " -> ".join(map(str, rail)))
-    lines.append("")
-    lines.append(f"cost for a buffer of {count} elements (counted by simulation)")
-    lines.append(f"  {'':<44}{'hierarchical':>14}{'flat ring':>12}")
-    rows = [
-        ("inter-node bytes per rank / buffer (max)", max(h.inter_bytes) / count,
-         ring.max_bytes_ratio, ".2f"),
-        ("serial inter-node steps (max)", max(h.inter_steps), max(ring.steps), "d"),
-        ("shared-memory bytes stored per rank / buffer", max(h.shared_stored) / count, 0, ".2f"),
-        ("shared-memory bytes loaded per rank / buffer", max(h.shared_loaded) / count, 0, ".2f"),
-    ]  # fmt: skip
-    for name, a, b, fmt in rows:
-        lines.append(f"  {name:<44}{a:>14{fmt}}{b:>12{fmt}}")
-    lines.append(
-        f"  (flat ring: every message, {2 * (nranks - 1)} serial steps; hierarchical: "
-        f"{len(plan.nodes)} nodes, 2(M-1) = {2 * (len(plan.nodes) - 1)} steps per rail)"
-    )
-    return "\n".join(lines)
-
-
-def plot_hierarchical(nranks: int, per_node: int, placement: str, count: int, path: str) -> None:
-    """Draw the plan and its counted cost to ``path`` (PNG; needs matplotlib)."""
-    import matplotlib  # noqa: PLC0415 - optional, only for this picture
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    plan = hierarchical_plan(nranks, per_node, placement)
-    cost = simulate_hierarchical(nranks, per_node, placement, count)
-    ring, _, _ = simulate_ring(nranks, count)
-    width = max(len(n) for n in plan.nodes)
-    fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(plan.nodes), 1.8 + 0.75 * width))
-    where = {}
-    for x, node in enumerate(plan.nodes):
-        ax.add_patch(plt.Rectangle((x - 0.4, -0.6), 0.8, width + 0.2, fill=False, lw=1.5))
-        ax.text(x, width - 0.2, f"node {x}", ha="center", va="bottom", fontsize=9)
-        for y, r in enumerate(node):
-            where[r] = (x, width - 1 - y)
-            ax.text(*where[r], f"rank {r}", ha="center", va="center", fontsize=8,
-                    bbox={"boxstyle": "round", "fc": "white"})  # fmt: skip
-    colors = plt.get_cmap("tab10")
-    for j, rail in enumerate(plan.rails):
-        xs = [where[r][0] for r in rail]
-        ys = [where[r][1] - 0.22 + 0.08 * j for r in rail]
-        ax.plot(xs, ys, "-o", color=colors(j % 10), ms=3, lw=1.5, label=f"rail of slice {j}")
-    ax.set_xlim(-0.8, len(plan.nodes) - 0.2)
-    ax.set_ylim(-1.0, width + 0.6)
-    ax.axis("off")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(4, plan.nslices),
-              fontsize=7, frameon=False)  # fmt: skip
-    ax.set_title(
-        f"N={nranks}, {per_node} per node ({placement}): inter-node bytes/rank "
-        f"{max(cost.inter_bytes) / count:.2f} D in {max(cost.inter_steps)} steps; "
-        f"flat ring {ring.max_bytes_ratio:.2f} D in {max(ring.steps)}",
-        fontsize=8,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _step_table(nranks: int) -> str:
-    plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
-    head = "phase           step " + " ".join(f"{'rank ' + str(r):>9}" for r in range(nranks))
-    lines = [head, "-" * len(head)]
-    for k in range(2 * (nranks - 1)):
-        st0 = plans[0][k]
-        cells = " ".join(f"{f'{p[k].send_chunk}->{p[k].recv_chunk}':>9}" for p in plans)
-        lines.append(f"{st0.phase:<15} {st0.step:>4} {cells}")
-    lines.append("cell: chunk sent right -> chunk received from the left")
-    return "\n".join(lines)
-
-
-def _cost_table(nranks: int, count: int) -> str:
-    ring, _, _ = simulate_ring(nranks, count)
-    naive = simulate_naive(nranks, count)
-    rows = [
-        ("ring bytes per rank / buffer", f"{ring.max_bytes_ratio:.2f}", "2(N-1)/N"),
-        ("naive bytes per rank / buffer", f"{naive.max_bytes_ratio:.2f}", "N-1"),
-        ("serial steps", f"{max(ring.steps)}", "2(N-1)"),
-        ("chunk sends, all ranks", f"{ring.messages}", "N*2(N-1)"),
-    ]
-    lines = [f"cost for N={nranks}, buffer of {count} elements (counted by simulation)"]
-    lines += [f"  {name:<32}{value:>10}   closed form {form}" for name, value, form in rows]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ringmpi.schedule",
-        description="Print the ring all-reduce step table and its counted cost for N ranks.",
-    )
-    parser.add_argument("nranks", type=int, help="ring size N")
-    parser.add_argument(
-        "--count", type=int, default=None, help="buffer elements to simulate (default 1024*N)"
-    )
-    parser.add_argument("--no-steps", action="store_true", help="print only the cost table")
-    parser.add_argument(
-        "--ranks-per-node",
-        type=int,
-        metavar="K",
-        help="also print the hierarchical plan for emulated nodes of K ranks",
-    )
-    parser.add_argument("--node-placement", choices=("block", "cyclic"), default="block")
-    parser.add_argument("--plot", metavar="PNG", help="with --ranks-per-node: draw the plan")
-    args = parser.parse_args(argv)
-    if args.nranks < 1:
-        parser.error("N must be at least 1")
-    if args.ranks_per_node is not None and args.ranks_per_node < 1:
-        parser.error("--ranks-per-node must be at least 1")
-    count = args.count if args.count is not None else 1024 * args.nranks
-    if args.plot is not None and args.ranks_per_node is None:
-        parser.error("--plot draws the hierarchical plan: give --ranks-per-node too")
-    if args.ranks_per_node is not None:
-        layout = (args.nranks, args.ranks_per_node, args.node_placement, count)
-        print(_hierarchical_table(*layout))
-        if args.plot:
-            plot_hierarchical(*layout, args.plot)
-        return 0
-    if not args.no_steps:
-        print(_step_table(args.nranks))
-        print()
-    print(_cost_table(args.nranks, count))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,38 +1,25 @@
 """The cost model ``algorithm="auto"`` chooses by.
 
-Each of ringmpi's own algorithms gets a predicted time for ``n`` bytes on
-``p`` ranks from three machine constants (Thakur, Rabenseifner and Gropp,
-2005; NCCL's tuner chooses the same way):
+Each algorithm's record gives its predicted time for ``n`` bytes on ``p``
+ranks as terms -- how many of each machine constant it costs (its ``terms``)
+-- and :func:`predict` sums constant x count (Thakur, Rabenseifner and Gropp,
+2005; NCCL's tuner chooses the same way). The constants:
 
 * alpha -- seconds per step (a message's latency, here through the step engine),
 * beta -- seconds per byte sent,
 * gamma -- seconds per byte reduced,
+* call -- per call of an engine algorithm (the Python around the compiled loop),
 
-plus a fixed cost per call, and, for the hierarchical algorithm's
-shared-memory phase, a fixed cost, a cost per pipeline step and one per byte
-of the buffer; for the shared_memory algorithm a cost per rank it waits for
-and per byte it folds. With p' the largest power of two <= p and the fold of
-the other p - p' ranks (two more steps moving the whole buffer)::
+and the shared-memory phases' own (``node_*``, ``shm_*``, see :class:`Costs`).
+An algorithm may declare constants of its own, with defaults; a tuning file
+may set them too.
 
-    ring                2(p-1) alpha + 2n(p-1)/p beta + n(p-1)/p gamma
-    recursive_doubling  lg p' (alpha + n beta + n gamma)               + fold
-    rabenseifner        2 lg p' alpha + 2n(p'-1)/p' beta + n(p'-1)/p' gamma + fold
-    hierarchical        node phase + the ring over the M nodes on n/L bytes
-    shared_memory       2 k p shm_wait + n p shm_byte   (k pieces of 64 KiB; one node)
-    chain               (P + K)(r alpha + r n/P beta + n/P gamma)   (reproducible mode)
-
-The chain (:func:`ringmpi.plans.chain`) takes P + K ticks of one piece of n/P
-bytes, K = 1 at 2 ranks and 2p - 4 beyond, r = 1 row per tick at 2 ranks and
-2 beyond (a partial, then a finished piece). It never wins against the ring
-(more rows, as many bytes or more), so auto considers it only in reproducible
-mode, against shared_memory, the one other algorithm that keeps rank order.
-
-The defaults (:func:`defaults`: :data:`DEFAULTS` measured with 2 ranks on a
+The defaults (:func:`defaults`: :data:`DEFAULTS` fitted with 2 ranks on a
 node, :data:`CROWDED` with 16, in between interpolated) are sensible for ranks
-that share a node's memory; ``python -m ringmpi.tune`` measures the constants for the machine and
-layout at hand and writes them as JSON, which ``RINGMPI_TUNING`` points to.
-Every rank computes the same prediction from the same inputs, so all choose
-alike without a message.
+that share a node's memory; ``python -m ringmpi tune`` measures the constants
+for the machine and layout at hand and writes them as JSON, which the
+``tuning`` setting (``RINGMPI_TUNING``) points to. Every rank computes the
+same prediction from the same inputs, so all choose alike without a message.
 """
 
 from __future__ import annotations
@@ -40,20 +27,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
-from ._settings import get
-from .plans import chain_pieces
+from ._settings import current
 
-__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict", "terms"]
-
-# The algorithms auto chooses among (each is registered under this name).
-CANDIDATES = ("ring", "recursive_doubling", "rabenseifner", "hierarchical", "shared_memory")
-
-# Bytes of the buffer a hierarchical pipeline step handles (its cached way's piece).
-_PIECE = 1 << 21
-# Bytes of the buffer one shared_memory synchronisation carries (its SET_BYTES).
-_SET = 1 << 16
+__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict"]
 
 
 @dataclass(frozen=True)
@@ -69,14 +47,13 @@ class Costs:
     node_byte: float  # per byte of the buffer in the hierarchical node phase
     shm_wait: float  # shared_memory: per flag a rank waits on (a rank, twice a piece)
     shm_byte: float  # shared_memory: per byte of one rank's contribution folded
+    # Constants an algorithm declares itself (Algorithm.constants), as a tuning file sets them.
+    extra: tuple[tuple[str, float], ...] = ()
 
 
-# Untuned, for nodes of 2 ranks: a node's ranks talking through shared memory,
-# rounded from the fits of python -m ringmpi.tune on a 2-core virtual machine
-# (2026-11-30), with gamma and node_call raised to where that machine's measured
-# crossovers are (recursive doubling up to a few KiB, where MPICH's message cost
-# steps up; the ring up to 256 KiB; hierarchical from 1 MiB at 2 ranks):
-# docs/performance.md.
+# Untuned, for nodes of 2 ranks: rounded from the fits of python -m ringmpi tune on a
+# 2-core machine, gamma and node_call raised to its measured crossovers
+# (docs/performance.md).
 DEFAULTS = Costs(
     alpha=1.2e-6,
     beta=1.6e-10,
@@ -89,10 +66,9 @@ DEFAULTS = Costs(
     shm_byte=0.3e-9,
 )
 
-# Untuned, for nodes of 16 ranks: rounded from the fit of the same model to the
-# 16-rank sweeps of every algorithm on a 16-core host (MPICH 5.0.2, 2026-11-30,
-# docs/performance.md). Memory bandwidth shared by more ranks costs each byte
-# more, and a node synchronisation waits for more ranks.
+# Untuned, for nodes of 16 ranks: rounded from the fit to 16-rank sweeps on a 16-core
+# host (docs/performance.md): shared memory bandwidth costs each byte more, and a
+# node synchronisation waits for more ranks.
 CROWDED = Costs(
     alpha=1.5e-6,
     beta=4.2e-10,
@@ -117,64 +93,37 @@ def defaults(per_node: int) -> Costs:
     if per_node >= _CROWDED:
         return CROWDED
     t = math.log(per_node / _SMALL) / math.log(_CROWDED / _SMALL)
-    small, crowded = asdict(DEFAULTS), asdict(CROWDED)
+    small, crowded = _constants(DEFAULTS), _constants(CROWDED)
     return Costs(**{k: small[k] ** (1 - t) * crowded[k] ** t for k in small})
 
 
-def _fold(p: int) -> tuple[int, int]:
-    """(p', rem): the power of two the latency plans run on, and the folded ranks."""
-    q = 1 << (p.bit_length() - 1)
-    return q, p - q
+def _constants(costs: Costs) -> dict[str, float]:
+    """The model's own constants (not an algorithm's ``extra`` ones), by name."""
+    return {f.name: getattr(costs, f.name) for f in fields(Costs) if f.name != "extra"}
 
 
-def terms(algorithm: str, n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
-    """The model's terms for ``algorithm``: how many of each constant it costs.
-
-    ``nodes`` and ``per_node`` (the largest node's ranks) matter only to the
-    hierarchical algorithm.
-    """
-    if p <= 1:
-        return {"call": 1.0}
-    if algorithm == "ring":
-        return {"call": 1.0, "alpha": 2.0 * (p - 1), "beta": 2 * n * (p - 1) / p,
-                "gamma": n * (p - 1) / p}  # fmt: skip
-    q, rem = _fold(p)
-    lg = math.log2(q)
-    fold = {"alpha": 2.0, "beta": 2.0 * n, "gamma": n} if rem else {}
-    if algorithm == "recursive_doubling":
-        t = {"call": 1.0, "alpha": lg, "beta": n * lg, "gamma": n * lg}
-    elif algorithm == "rabenseifner":
-        t = {"call": 1.0, "alpha": 2 * lg, "beta": 2 * n * (q - 1) / q, "gamma": n * (q - 1) / q}
-    elif algorithm == "hierarchical":
-        pieces = max(1, math.ceil(n / _PIECE))
-        steps = pieces + 2 if nodes == 1 else 2 * (pieces + 1)
-        t = {"node_call": 1.0, "node_step": float(steps), "node_byte": n if per_node > 1 else 0.0}
-        if nodes > 1:
-            across = terms("ring", n / per_node, nodes)
-            t.update({k: v for k, v in across.items() if k != "call"})
-        return t
-    elif algorithm == "shared_memory":
-        pieces = max(1, math.ceil(n / _SET))
-        return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * p}
-    elif algorithm == "chain":
-        pieces = chain_pieces(p, max(1, int(n)))
-        ticks, rows = pieces + (1 if p == 2 else 2 * p - 4), 1 if p == 2 else 2
-        return {"call": 1.0, "alpha": float(rows * ticks), "beta": rows * ticks * n / pieces,
-                "gamma": ticks * n / pieces}  # fmt: skip
-    else:
-        raise ValueError(f"no cost model for {algorithm!r}")
-    for k, v in fold.items():
-        t[k] = t.get(k, 0.0) + v
-    return t
+def value(costs: Costs, algo, name: str) -> float:
+    """Constant ``name`` for ``algo``: the model's, or one the algorithm declares
+    (a tuning file's value, else the algorithm's default)."""
+    if name in _MODEL:
+        return getattr(costs, name)
+    for key, v in costs.extra:
+        if key == name:
+            return v
+    try:
+        return algo.constants[name]
+    except KeyError:
+        raise ValueError(f"{algo.name}: its terms use {name!r}, a constant it does not "
+                         "declare (Algorithm.constants)") from None  # fmt: skip
 
 
-def predict(costs: Costs, algorithm: str, n: float, p: int, nodes: int = 1, per_node: int = 1):
-    """Predicted seconds of one call."""
-    return sum(getattr(costs, k) * v for k, v in terms(algorithm, n, p, nodes, per_node).items())
+def predict(costs: Costs, algo, n: float, p: int, nodes: int = 1, per_node: int = 1) -> float:
+    """Predicted seconds of one call of ``algo`` (a record with ``terms``)."""
+    return sum(value(costs, algo, k) * v for k, v in algo.terms(n, p, nodes, per_node).items())
 
 
-def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates=CANDIDATES) -> str:
-    """The candidate with the smallest predicted time (the first of equals)."""
+def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates):
+    """The candidate record with the smallest predicted time (the first of equals)."""
     return min(candidates, key=lambda a: predict(costs, a, n, p, nodes, per_node))
 
 
@@ -188,7 +137,7 @@ def load(per_node: int = _SMALL) -> Costs:
     A file is read once (and again when it changes); a missing or bad file is an
     error naming it, not a silent fallback.
     """
-    path = get("RINGMPI_TUNING")
+    path = current().tuning
     if not path:
         return defaults(per_node)
     try:
@@ -204,7 +153,9 @@ def load(per_node: int = _SMALL) -> Costs:
             # A file written before the shared_memory algorithm keeps the defaults for it.
             for name in _LATER:
                 given.setdefault(name, getattr(defaults(per_node), name))
-            found = Costs(**{f.name: float(given[f.name]) for f in fields(Costs)})
+            own = {name: float(given.pop(name)) for name in _MODEL}
+            extra = tuple(sorted((str(k), float(v)) for k, v in given.items()))
+            found = Costs(**own, extra=extra)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"RINGMPI_TUNING: {path!r} is not a tuning file: {exc}") from None
         _loaded[(path, stamp, per_node)] = found
@@ -212,4 +163,8 @@ def load(per_node: int = _SMALL) -> Costs:
 
 
 def as_dict(costs: Costs) -> dict[str, float]:
-    return asdict(costs)
+    """The constants by name, an algorithm's own ones too (a tuning file's "costs")."""
+    return {**_constants(costs), **dict(costs.extra)}
+
+
+_MODEL = frozenset(f.name for f in fields(Costs) if f.name != "extra")

@@ -44,6 +44,53 @@ def _writer(config: pytest.Config, file):
     return create_terminal_writer(config, file)
 
 
+class _Environ:
+    """RINGMPI_* variables set for one test, read again at the next call as a new run
+    reads them at its first (ringmpi reads the environment once)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._mp = monkeypatch
+
+    def set(self, name: str, value: str) -> None:
+        self._mp.setenv(name, value)
+        _reread()
+
+    def unset(self, name: str) -> None:
+        self._mp.delenv(name, raising=False)
+        _reread()
+
+
+def _reread() -> None:
+    from ringmpi import _settings
+
+    _settings._now[0] = None  # read at the next use
+
+
+@pytest.fixture
+def environ(monkeypatch):
+    """Set ``RINGMPI_*`` variables for one test (undone after it)."""
+    yield _Environ(monkeypatch)
+    monkeypatch.undo()
+    _reread()
+
+
+@pytest.fixture
+def settings():
+    """``ringmpi.configure`` for one test: the settings before it come back after."""
+    import ringmpi
+
+    with ringmpi.configured():
+        yield ringmpi.configure
+
+
+def auto_choice(costs, n, p, nodes, per_node, names=None) -> str:
+    """What the cost model chooses among ``names`` (default: auto's candidates)."""
+    from ringmpi import algorithms, tuning
+
+    pool = [algorithms.get(a) for a in (names or algorithms.candidates())]
+    return tuning.choose(costs, n, p, nodes, per_node, pool).name
+
+
 def agree(comm, problems: list[str]) -> None:
     """Fail on every rank if any rank found a problem, listing them all by rank."""
     everyone = comm.allgather(problems)

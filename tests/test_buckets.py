@@ -7,6 +7,7 @@ import pytest
 from mpi4py import MPI
 
 from ringmpi import buckets
+from ringmpi.tools.buckets import _collectives
 
 
 def layout(arrays, bucket_bytes, op=MPI.SUM):
@@ -120,4 +121,4 @@ def test_differences_names_the_first_field_that_differs():
 @pytest.mark.parametrize("bucket_bytes", [4, 100, 1000])
 def test_the_benchmark_counts_the_collectives_of_the_plan(nbytes, bucket_bytes):
     arrays = [np.zeros(n, np.uint8) for n in nbytes]
-    assert buckets._collectives(nbytes, 1, bucket_bytes) == len(layout(arrays, bucket_bytes))
+    assert _collectives(nbytes, 1, bucket_bytes) == len(layout(arrays, bucket_bytes))

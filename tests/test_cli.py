@@ -10,15 +10,17 @@ import sys
 import time
 
 import pytest
+from conftest import auto_choice
 
-from ringmpi import reliability, tuning
+from ringmpi import algorithms, tuning
 from ringmpi.schedule import chunk_bounds
+from ringmpi.tools import reliability
 
 PY = sys.executable
 
 
 def _mpirun() -> list[str]:
-    """The launcher beside the interpreter, with Open MPI's flags (ringmpi.reliability's)."""
+    """The launcher beside the interpreter, with Open MPI's flags (ringmpi.tools.reliability's)."""
     try:
         return reliability.mpirun()
     except FileNotFoundError:
@@ -74,7 +76,7 @@ def test_auto_other_types_and_ops(tmp_path):
             "-f", "1024", "-n", "2", "-w", "0", "--json", str(out))  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["rows"]
-    chosen = [tuning.choose(tuning.defaults(3), n, 3, 1, 3) for n in (24, 24 << 10)]
+    chosen = [auto_choice(tuning.defaults(3), n, 3, 1, 3) for n in (24, 24 << 10)]
     assert [r["algorithm"] for r in rows] == [f"auto({chosen[0]})", "ring", "mpi",
                                               f"auto({chosen[1]})", "ring", "mpi"]  # fmt: skip
     assert all(r["wrong"] == 0 and r["type"] == "float64" and r["redop"] == "max" for r in rows)
@@ -92,7 +94,7 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
     names = ["ring", "recursive_doubling", "rabenseifner", "hierarchical", "shared_memory",
              "mpi", "mpi4py"]  # fmt: skip
     for size, group in ((8, rows[:8]), (65536, rows[8:])):
-        auto = f"auto({tuning.choose(tuning.DEFAULTS, size, 2, 1, 2)})"
+        auto = f"auto({auto_choice(tuning.DEFAULTS, size, 2, 1, 2)})"
         assert [r["algorithm"] for r in group] == [auto, *names]
         assert all(r["wrong"] == 0 and r["size"] == size for r in group)
         steps = {r["algorithm"]: r["steps"] for r in group}
@@ -107,7 +109,7 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
 
 def test_a_tuning_file_from_tune_drives_auto(tmp_path):
     tuned = tmp_path / "t.json"
-    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi.tune", "-b", "8", "-e", "64K", "-f", "64",
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi", "tune", "-b", "8", "-e", "64K", "-f", "64",
            "-n", "3", "--budget", "0.2", "-o", str(tuned)]  # fmt: skip
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                        env={**os.environ, "NUMBA_NUM_THREADS": "1"})  # fmt: skip
@@ -115,7 +117,7 @@ def test_a_tuning_file_from_tune_drives_auto(tmp_path):
     data = json.loads(tuned.read_text())
     assert data["layout"] == {"ranks": 2, "nodes": 1, "ranks_per_node": 2}
     assert {(m["algorithm"], m["bytes"]) for m in data["measured"]} == {
-        (a, n) for a in (*tuning.CANDIDATES, "mpi") for n in (8, 512, 32768)
+        (a, n) for a in (*algorithms.candidates(), "mpi") for n in (8, 512, 32768)
     }
     assert all(v >= 0 for v in data["costs"].values())
     out = tmp_path / "r.json"
@@ -124,7 +126,16 @@ def test_a_tuning_file_from_tune_drives_auto(tmp_path):
     assert p.returncode == 0, p.stderr
     costs = tuning.Costs(**data["costs"])
     [row] = json.loads(out.read_text())["rows"]
-    assert row["algorithm"] == f"auto({tuning.choose(costs, 8, 2, 1, 2)})" and row["wrong"] == 0
+    assert row["algorithm"] == f"auto({auto_choice(costs, 8, 2, 1, 2)})" and row["wrong"] == 0
+
+
+def test_the_dispatcher_runs_the_same_benchmark():
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi", "allreduce", "-b", "1K", "-e", "1K",
+           "-n", "1", "-w", "0", "-a", "ring"]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "NUMBA_NUM_THREADS": "1"})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "# ranks 2, nodes 1" in p.stdout and "# wrong elements in total: 0" in p.stdout
 
 
 def test_unchecked_run_reports_no_wrong_count():
@@ -175,17 +186,17 @@ def test_an_exception_on_one_rank_aborts_the_whole_job():
 def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
     # One process (N = 1, no mpirun): make the reference disagree with the result in
     # the first element of its period, and the CLI must count it and fail.
-    import ringmpi._cli as cli
-    from ringmpi import kernels
+    from ringmpi import verify
+    from ringmpi.tools import allreduce as cli
 
-    real = kernels.verify_expected
+    real = verify.verify_expected
 
     def off_by_one(*args):
         expected = real(*args).copy()
         expected[0] += 1
         return expected
 
-    monkeypatch.setattr(kernels, "verify_expected", off_by_one)
+    monkeypatch.setattr(verify, "verify_expected", off_by_one)
     # 64 B of float32: 16 elements, two periods of 8, so two are wrong.
     assert cli.main(["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-a", "ring"]) == 1
     out = capsys.readouterr().out
@@ -242,4 +253,4 @@ def test_both_ways_of_storing_in_one_launch(tmp_path):
 def test_bad_node_settings_end_the_job():
     p = run(2, "--ranks-per-node", "0", timeout=120)
     assert p.returncode == 2
-    assert "RINGMPI_RANKS_PER_NODE must be a whole number >= 1" in p.stderr
+    assert "ranks_per_node must be a whole number >= 1" in p.stderr

@@ -3,7 +3,7 @@ mid-collective, a rank that raises, a rank that never arrives, for every algorit
 
 Each job ends with a non-zero status, within RINGMPI_TIMEOUT plus a few seconds
 of the fault, and its output names the culprit: the RingMPIError of a rank that
-waited for it (ringmpi.reliability runs the jobs; docs/reliability.md has the
+waited for it (ringmpi.tools.reliability runs the jobs; docs/reliability.md has the
 measured table).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringmpi import reliability
+from ringmpi.tools import reliability
 
 # What "a few seconds" is: the launcher tearing the job down on 2 cores.
 GRACE = 5.0

@@ -1,7 +1,7 @@
 """Half precision without MPI: the bit conversions against NumPy and ml_dtypes, the fold.
 
 The kernels convert bfloat16 by bit arithmetic, float16 by the FPU (x86's F16C)
-where it can and by bit arithmetic elsewhere (ringmpi.kernels; both are tested);
+where it can and by bit arithmetic elsewhere (ringmpi._half; both are tested);
 NumPy's float16 casts and ml_dtypes' bfloat16 casts are the independent
 reference: every one of the 65536 patterns widened, and float32 values rounded
 -- a random sample of all bit patterns, every tie between neighbouring half
@@ -20,8 +20,9 @@ from conftest import half_contract
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels
-from ringmpi.kernels import HALF_BF16, HALF_F16, narrow, reduction, widen
+from ringmpi import _half, kernels, verify
+from ringmpi._half import HALF_BF16, HALF_F16, narrow, widen
+from ringmpi.kernels import reduction
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 KINDS = [pytest.param(HALF_F16, np.dtype(np.float16), id="float16"),
@@ -142,8 +143,8 @@ def test_fold_parts_reads_the_input_and_the_slots_from_an_offset(name, kind, dt,
     want = half_contract(parts, name, dt).view(np.uint16)
     for at, m in ((0, n), (1234, 2100), (n - 7, 7)):
         out = np.zeros(m, np.uint16)
-        kernels.fold_parts(out, own.view(np.uint16), slots.view(np.uint16), count, starts, at,
-                           red.code, kind, red.avg_divisor(k))  # fmt: skip
+        _half.fold_parts(out, own.view(np.uint16), slots.view(np.uint16), count, starts, at,
+                         red.code, kind, red.avg_divisor(k))  # fmt: skip
         nan = np.isnan(want[at : at + m].view(dt).astype(np.float32))
         assert np.array_equal(np.isnan(out.view(dt).astype(np.float32)), nan)
         assert np.array_equal(out[~nan], want[at : at + m][~nan])
@@ -152,7 +153,7 @@ def test_fold_parts_reads_the_input_and_the_slots_from_an_offset(name, kind, dt,
 def test_float16_bit_arithmetic_fallback_is_numpys_conversion():
     # Where the FPU has no float16 conversion (no F16C) the kernels use bit arithmetic.
     wide = np.empty(ALL.size, np.float32)
-    kernels._widen_all_bits(wide, ALL)
+    _half._widen_all_bits(wide, ALL)
     assert np.array_equal(
         wide.view(np.uint32), ALL.view(np.float16).astype(np.float32).view(np.uint32)
     )
@@ -162,7 +163,7 @@ def test_float16_bit_arithmetic_fallback_is_numpys_conversion():
     for values in (bits.view(np.float32), wide, ties.view(np.float32),
                    (ties + np.uint32(1)).view(np.float32)):  # fmt: skip
         got = np.empty(values.size, np.uint16)
-        kernels._narrow_all_bits(got, values)
+        _half._narrow_all_bits(got, values)
         assert np.array_equal(got, _reference_narrow(values, np.dtype(np.float16)))
 
 
@@ -201,8 +202,12 @@ def test_dtype_names_and_tags():
     # A structured 2-byte type is not bfloat16.
     with pytest.raises(TypeError, match="not supported"):
         reduction(MPI.SUM, np.dtype([("a", "u1"), ("b", "u1")]))
+    # Nor does a half type reduce partial results, each rounded to 16 bits.
+    z = np.zeros(2, BF16)
     with pytest.raises(TypeError, match="partial result would be rounded"):
-        red.combine(np.zeros(2, BF16), np.zeros(2, BF16))
+        red.fold(z, z[:0], z.copy(), np.zeros(4, BF16), 2, 0, 0, 2)
+    with pytest.raises(TypeError, match="partial result would be rounded"):
+        reduction(ringmpi.AVG, np.float16).finish(np.zeros(2, np.float16), 2)
 
 
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
@@ -210,8 +215,8 @@ def test_dtype_names_and_tags():
 @pytest.mark.parametrize("nranks", [1, 2, 3, 64, 100])
 def test_verifiable_patterns_give_the_once_rounded_answer(dt, name, nranks):
     op = kernels.op_from_name(name)
-    parts = [kernels.verify_inputs(op, dt, r, 16) for r in range(nranks)]
-    got = kernels.verify_expected(op, dt, nranks, 16)
+    parts = [verify.verify_inputs(op, dt, r, 16) for r in range(nranks)]
+    got = verify.verify_expected(op, dt, nranks, 16)
     assert np.array_equal(
         got.view(np.uint16), half_contract(parts, name, got.dtype).view(np.uint16)
     )

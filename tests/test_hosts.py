@@ -33,7 +33,7 @@ from test_mpi_hierarchical import (
 )
 
 import ringmpi
-from ringmpi import kernels
+from ringmpi import verify
 
 pytestmark = pytest.mark.hosts
 
@@ -62,10 +62,10 @@ def nodes() -> list[list[int]]:
 
 
 @pytest.fixture
-def real_nodes(nodes, monkeypatch) -> tuple[int, str]:
+def real_nodes(nodes, environ) -> tuple[int, str]:
     """(k, "block") such that the closed forms' emulated layout is the real one."""
-    monkeypatch.delenv("RINGMPI_RANKS_PER_NODE", raising=False)
-    monkeypatch.delenv("RINGMPI_NODE_PLACEMENT", raising=False)
+    environ.unset("RINGMPI_RANKS_PER_NODE")
+    environ.unset("RINGMPI_NODE_PLACEMENT")
     k = len(nodes[0])
     assert nodes == expected_nodes(WORLD.Get_size(), k, "block"), (
         f"hosts {nodes} are not consecutive blocks of {k}: launch with -hosts h1:k,h2:k,... "
@@ -135,8 +135,8 @@ def test_exact_results(real_nodes, algorithm, op, dtype):
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     problems: list[str] = []
     for count in sorted({0, 1, n - 1, n, n + 1, 1009, 2**18 + 3}):
-        send = kernels.verify_inputs(op, dtype, rank, count)
-        expected = kernels.verify_expected(op, dtype, n, count)
+        send = verify.verify_inputs(op, dtype, rank, count)
+        expected = verify.verify_expected(op, dtype, n, count)
         for in_place in (False, True):
             results = []
             for _ in range(2):  # each call twice: cached state must not change the result
@@ -166,13 +166,13 @@ def test_trace_counts_inter_node_traffic(real_nodes, nodes, dtype, count):
     closed form: 2(M-1) steps per rail on M hosts, and the flat ring's 2(N-1)."""
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     itemsize = np.dtype(dtype).itemsize
-    x = kernels.verify_inputs(MPI.SUM, dtype, rank, count)
+    x = verify.verify_inputs(MPI.SUM, dtype, rank, count)
     with ringmpi.trace() as t:
         got = ringmpi.allreduce(x, algorithm="hierarchical")
     with ringmpi.trace() as flat:
         ringmpi.allreduce(x, algorithm="ring")
     problems = []
-    if not np.array_equal(got, kernels.verify_expected(MPI.SUM, dtype, n, count)):
+    if not np.array_equal(got, verify.verify_expected(MPI.SUM, dtype, n, count)):
         problems.append("wrong result")
     sent, steps = expected_inter_node_bytes(rank, n, *real_nodes, count, itemsize)
     if (t.bytes_sent, t.steps) != (sent, steps):

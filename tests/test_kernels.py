@@ -1,24 +1,25 @@
-"""The reduce kernels against NumPy, for every (op, dtype) MPI allows (no mpirun needed)."""
+"""The reduce kernels against NumPy, for every (op, dtype) MPI allows (no mpirun needed).
+
+The compiled loops reduce with :func:`ringmpi._ops.combine_by_code` and divide
+with :func:`~ringmpi._ops.divide_by`, on :meth:`Reduction.lanes` with the op's
+number; the small jitted wrappers below call them exactly so.
+"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import numba
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from ringmpi import AVG
-from ringmpi.kernels import (
-    _OPS,
-    DTYPES,
-    PERIOD,
-    count_wrong,
-    decode_tag,
-    op_from_name,
-    reduction,
-    verify_expected,
-    verify_inputs,
-)
-from ringmpi.kernels import copy as copy_kernel
+from ringmpi._copy import copy as copy_kernel
+from ringmpi._ops import combine_by_code, divide_by
+from ringmpi.kernels import _OPS, DTYPES, decode_tag, op_from_name, reduction
+from ringmpi.verify import PERIOD, count_wrong, verify_expected, verify_inputs
 
 PAIRS = [(spec, dt) for spec in _OPS for dt in spec.dtypes]
 IDS = [f"{spec.name}-{dt.name}" for spec, dt in PAIRS]
@@ -45,16 +46,31 @@ def _reference(spec, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return spec.ref(a, b).astype(a.dtype)
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _combine(acc, inp, code, reverse):
+    combine_by_code(acc, inp, code, reverse)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _last_step(acc, inp, code, divisor):
+    # a chunk's last reduce step, as the engine takes it: combine, then AVG's division
+    combine_by_code(acc, inp, code, False)
+    if divisor.size > 0:
+        divide_by(acc, divisor)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["acc-first", "inp-first"])
 @pytest.mark.parametrize(("spec", "dt"), PAIRS, ids=IDS)
-def test_kernel_matches_numpy(spec, dt):
+def test_kernel_matches_numpy(spec, dt, reverse):
     rng = np.random.default_rng(7)
     n = 1037  # not a multiple of any vector width
     a, b = _random(dt, n, rng), _random(dt, n, rng)
     b[6:12] = a[6:12][::-1]  # equal and reordered elements too
-    expected = _reference(spec, a, b)
+    expected = _reference(spec, b, a) if reverse else _reference(spec, a, b)
     acc = a.copy()
+    red = reduction(spec.op, dt)
     with np.errstate(all="ignore"):
-        reduction(spec.op, dt).combine(acc, b)
+        _combine(red.lanes(acc), red.lanes(b), red.code, reverse)
     assert acc.dtype == dt
     if spec.name == "prod" and dt.kind == "c":
         # Complex products may round differently by an ulp (NumPy's loop and Numba's
@@ -119,6 +135,36 @@ def test_fold_reads_only_its_slots_and_writes_only_its_outputs():
     assert copy.tolist() == out.tolist()
 
 
+@pytest.mark.parametrize(
+    ("dt", "a", "b", "want"),
+    [("int8", 127, 1, -128), ("int8", -128, -1, 127), ("uint8", 255, 1, 0),
+     ("int16", 32767, 32767, -2), ("uint16", 0, 65535, 65535), ("int32", 2**31 - 1, 1, -(2**31)),
+     ("uint32", 2**32 - 1, 2, 1), ("int64", 2**63 - 1, 1, -(2**63)), ("uint64", 2**64 - 1, 1, 0)],
+)  # fmt: skip
+def test_integer_sum_wraps(dt, a, b, want):
+    acc, inp = np.array([a, a], dt), np.array([b, b], dt)
+    _combine(acc, inp, reduction(MPI.SUM, dt).code, False)
+    assert acc.tolist() == [want, want]
+
+
+def test_integer_product_wraps():
+    acc = np.array([16, -128, -1], np.int8)
+    _combine(acc, np.array([16, 2, -1], np.int8), reduction(MPI.PROD, "int8").code, False)
+    assert acc.tolist() == [0, 0, 1]  # 256 and -256 wrap to 0; (-1)(-1) = 1
+
+
+def test_complex_sum_runs_on_the_real_lanes():
+    red = reduction(MPI.SUM, "complex64")
+    zero = complex(-0.0, -0.0)
+    a = np.array([1 + 2j, np.inf + 0j, zero], np.complex64)
+    assert red.lanes(a).dtype == np.float32 and red.lanes(a).size == 6
+    assert reduction(MPI.PROD, "complex64").lanes(a).dtype == np.complex64  # not split
+    b = np.array([3 - 1j, 1 + 0j, zero], np.complex64)
+    _combine(red.lanes(a), red.lanes(b), red.code, False)
+    assert a.tolist() == [4 + 1j, np.inf + 0j, 0j]
+    assert np.signbit(a.real[2]) and np.signbit(a.imag[2])
+
+
 def test_copy_is_exact_for_every_dtype():
     rng = np.random.default_rng(5)
     for dt in DTYPES:
@@ -138,7 +184,7 @@ def test_avg_divides_once_in_the_last_step(dt, nranks):
     red = reduction(AVG, dt)
     acc = a.copy()
     with np.errstate(all="ignore"):
-        red.combine_last(acc, b, nranks)
+        _last_step(red.lanes(acc), red.lanes(b), red.code, red.divisor(nranks))
         total = a + b
     real_n = total.real.dtype.type(nranks)
     # One correctly rounded division of each real component.
@@ -150,6 +196,16 @@ def test_avg_divides_once_in_the_last_step(dt, nranks):
     finished = total.copy()
     red.finish(finished, nranks)
     assert np.array_equal(finished, acc, equal_nan=True)
+
+
+def test_complex_avg_keeps_an_infinity_finite_in_its_other_component():
+    # Each component divided alone: complex division would make inf/3 + 0j a NaN.
+    red = reduction(AVG, "complex128")
+    acc = np.array([np.inf + 0j, 3 - 6j], np.complex128)
+    _last_step(red.lanes(acc), red.lanes(np.zeros(2, np.complex128)), red.code, red.divisor(3))
+    assert acc.tolist() == [np.inf + 0j, 1 - 2j]
+    assert np.array_equal(red.divisor(3), [3.0]) and red.divisor(1).size == 0
+    assert reduction(MPI.SUM, "float32").divisor(3).size == 0  # only AVG divides
 
 
 @pytest.mark.parametrize(
@@ -228,3 +284,21 @@ def test_count_wrong_counts_each_wrong_element(count):
     for k, i in enumerate(sorted({0, count // 2, count - 1} if count else set()), start=1):
         result[i] += 1
         assert count_wrong(result, MPI.SUM, nranks) == k
+
+
+def test_kernels_module_imports_neither_the_algorithms_nor_the_tools():
+    code = (
+        "import sys, ringmpi.kernels; print(sorted(m for m in sys.modules if m.startswith("
+        "('ringmpi.algorithms', 'ringmpi.tools'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_kernel_benchmark_runs(capsys):
+    from ringmpi.tools import kernels as tool
+
+    assert tool.main(["--bytes", "4096", "--reps", "3"]) == 0
+    out = capsys.readouterr().out
+    for row in ("numba SUM kernel", "np.add(a, b, out=a)", "copy(b, a)", "streaming copy"):
+        assert row in out

@@ -1,8 +1,8 @@
 """The correctness matrix: every allowed (op, dtype) x algorithm x communicator x size, exactly.
 
-Inputs come from :func:`ringmpi.kernels.verify_inputs` (small integers, also as
+Inputs come from :func:`ringmpi.verify.verify_inputs` (small integers, also as
 floats and complex numbers), so every reduction order gives the same exact result
-and :func:`ringmpi.kernels.verify_expected` is the answer to compare with. Each
+and :func:`ringmpi.verify.verify_expected` is the answer to compare with. Each
 result is also compared with mpi4py's ``comm.Allreduce`` and, by hash, across the
 ranks of its communicator.
 """
@@ -18,7 +18,7 @@ from conftest import agree, sum_saturates, wrapped_sum
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels
+from ringmpi import kernels, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -123,8 +123,8 @@ def test_exact_result(comms, op, dtype, algorithm):
         rank, n = comm.Get_rank(), comm.Get_size()
         digests = []
         for count in _sizes(n, op, dtype, algorithm, name):
-            send = kernels.verify_inputs(op, dtype, rank, count)
-            expected = kernels.verify_expected(op, dtype, n, count)
+            send = verify.verify_inputs(op, dtype, rank, count)
+            expected = verify.verify_expected(op, dtype, n, count)
             reference = mpi_allreduce(comm, op, send)
             for in_place in (False, True):
                 where = f"{name} (N={n}) count {count} {'in-place' if in_place else 'out-of-place'}"
@@ -291,14 +291,14 @@ def _segmented(n: int) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("algorithm", STEPPED)
 @pytest.mark.parametrize(("op", "dtype"), PAIRS)
-def test_many_segments(monkeypatch, op, dtype, algorithm):
+def test_many_segments(environ, op, dtype, algorithm):
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
     problems: list[str] = []
     for segment_bytes, count in _segmented(n):
-        monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", str(segment_bytes))
-        send = kernels.verify_inputs(op, dtype, rank, count)
-        expected = kernels.verify_expected(op, dtype, n, count)
+        environ.set("RINGMPI_SEGMENT_BYTES", str(segment_bytes))
+        send = verify.verify_inputs(op, dtype, rank, count)
+        expected = verify.verify_expected(op, dtype, n, count)
         for in_place in (False, True):
             got, _ = ringmpi_allreduce(comm, op, send, algorithm, in_place)
             if not np.array_equal(got, expected):

@@ -1,6 +1,6 @@
 """The library API under MPI: buffers, communicators, the Comm wrapper, trace, errors.
 
-Inputs are :func:`ringmpi.kernels.verify_inputs` (SUM unless a test says
+Inputs are :func:`ringmpi.verify.verify_inputs` (SUM unless a test says
 otherwise), so every expected value is exact. Every check collects problems and
 hands them to :func:`agree`, so all ranks pass or fail a test together.
 """
@@ -20,7 +20,7 @@ from mpi4py import MPI
 import ringmpi
 import ringmpi._api
 import ringmpi._comm
-from ringmpi import kernels
+from ringmpi import kernels, verify
 from ringmpi.schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -45,9 +45,8 @@ def comms():
 def waiting():
     """Two duplicates of WORLD whose ringmpi contexts wait by spinning and by sleeping."""
     comms = {}
-    with pytest.MonkeyPatch.context() as mp:
-        for policy in ("spin", "sleep"):
-            mp.setenv("RINGMPI_WAIT", policy)
+    for policy in ("spin", "sleep"):
+        with ringmpi.configured(wait=policy):
             comms[policy] = WORLD.Dup()
             ringmpi._comm.context(comms[policy])  # made now, under this policy
     yield comms
@@ -58,13 +57,13 @@ def waiting():
 def inputs(shape, dtype="float64", comm=WORLD, op=MPI.SUM) -> np.ndarray:
     """This rank's input of ``shape`` in ``comm``."""
     count = int(np.prod(shape, dtype=np.int64))
-    return kernels.verify_inputs(op, dtype, comm.Get_rank(), count).reshape(shape)
+    return verify.verify_inputs(op, dtype, comm.Get_rank(), count).reshape(shape)
 
 
 def expected(shape, dtype="float64", comm=WORLD, op=MPI.SUM) -> np.ndarray:
     """The exact all-reduce of :func:`inputs` over ``comm``."""
     count = int(np.prod(shape, dtype=np.int64))
-    return kernels.verify_expected(op, dtype, comm.Get_size(), count).reshape(shape)
+    return verify.verify_expected(op, dtype, comm.Get_size(), count).reshape(shape)
 
 
 def mismatch(what: str, got, want) -> list[str]:
@@ -434,9 +433,9 @@ def test_trace_matches_closed_form(comms, name, count, dtype):
 
 
 @pytest.mark.parametrize("segment_bytes", [64, 1000])
-def test_trace_counts_every_segment(monkeypatch, segment_bytes):
+def test_trace_counts_every_segment(environ, segment_bytes):
     """Every message goes in segments of at most RINGMPI_SEGMENT_BYTES (whole elements)."""
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", str(segment_bytes))
+    environ.set("RINGMPI_SEGMENT_BYTES", str(segment_bytes))
     count, itemsize = 1009, 8
     buf = inputs(count)
     with ringmpi.trace() as t:
@@ -705,8 +704,8 @@ def test_validate_names_the_field_ranks_disagree_on(field_name):
 
 
 @needs_two_ranks
-def test_validate_from_the_environment(monkeypatch):
-    monkeypatch.setenv("RINGMPI_VALIDATE", "1")
+def test_validate_from_the_environment(environ):
+    environ.set("RINGMPI_VALIDATE", "1")
     message = raised(ringmpi.RingMPIError, _call, **DISAGREE["count"])
     agree(WORLD, says(message, "disagree on count") + same_everywhere("messages", message))
 
@@ -736,7 +735,7 @@ UNVALIDATED = {
 @pytest.mark.parametrize(
     "algorithm", ["ring", "recursive_doubling", "rabenseifner", "shared_memory"]
 )
-def test_detects_disagreement_without_validation(monkeypatch, what, in_place, policy, algorithm):
+def test_detects_disagreement_without_validation(environ, what, in_place, policy, algorithm):
     # The latency algorithms' fold makes a folded rank send and then wait for a
     # partner that may have raised: only where no rank folds (N a power of two)
     # does every rank notice at its first step (a timeout is what ends the rest:
@@ -744,7 +743,7 @@ def test_detects_disagreement_without_validation(monkeypatch, what, in_place, po
     # every slot's header, so all notice.
     if algorithm in ("recursive_doubling", "rabenseifner") and SIZE & (SIZE - 1):
         pytest.skip("the latency algorithms fold ranks at this N")
-    monkeypatch.setenv("RINGMPI_WAIT", policy)
+    environ.set("RINGMPI_WAIT", policy)
     comm = WORLD.Dup()  # a failed call breaks its communicator off: a fresh one per test
     ringmpi._comm.context(comm)  # made now, under this policy
     count, op, words = UNVALIDATED[what]
@@ -798,9 +797,9 @@ TIMED_CASES = {
 @needs_two_ranks
 @pytest.mark.parametrize("what", UNVALIDATED.keys())
 @pytest.mark.parametrize("case", TIMED_CASES.keys())
-def test_disagreement_never_returns_a_result(monkeypatch, what, case):
+def test_disagreement_never_returns_a_result(environ, what, case):
     for key, value in TIMED_CASES[case].items():
-        monkeypatch.setenv(key, value)
+        environ.set(key, value)
     algorithm = case.split("-")[0]
     comm = WORLD.Dup()  # a timeout breaks the communicator off: a fresh one per test
     ringmpi.allreduce(inputs(1009), comm=comm, algorithm=algorithm)  # set up, windows made
@@ -839,8 +838,8 @@ def test_validate_catches_every_algorithm(field_name, algorithm):
 # --- RINGMPI_ALGORITHM ----------------------------------------------------------------
 
 
-def test_algorithm_from_the_environment(monkeypatch):
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "mpi")
+def test_algorithm_from_the_environment(environ):
+    environ.set("RINGMPI_ALGORITHM", "mpi")
     with ringmpi.trace() as auto:
         out = ringmpi.allreduce(inputs(1009))
     with ringmpi.trace() as ring:
@@ -853,8 +852,8 @@ def test_algorithm_from_the_environment(monkeypatch):
     agree(WORLD, problems)
 
 
-def test_unknown_algorithm_in_the_environment(monkeypatch):
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "tree")
+def test_unknown_algorithm_in_the_environment(environ):
+    environ.set("RINGMPI_ALGORITHM", "tree")
     with pytest.raises(ValueError, match="tree"):
         ringmpi.allreduce(np.ones(4))
 
@@ -882,8 +881,8 @@ def test_both_ways_of_waiting_give_the_result(waiting, policy, count, algorithm)
     agree(WORLD, problems)
 
 
-def test_wait_auto_sleeps_only_on_a_crowded_node(monkeypatch):
-    monkeypatch.setenv("RINGMPI_WAIT", "auto")
+def test_wait_auto_sleeps_only_on_a_crowded_node(environ):
+    environ.set("RINGMPI_WAIT", "auto")
     comm = WORLD.Dup()
     ringmpi.allreduce(np.ones(3), comm=comm)
     sleepy = ringmpi._comm.context(comm).sleepy
@@ -891,8 +890,8 @@ def test_wait_auto_sleeps_only_on_a_crowded_node(monkeypatch):
     agree(WORLD, [] if sleepy == _crowded() else [f"sleepy is {sleepy} on this node"])
 
 
-def test_wait_unknown_policy(monkeypatch):
-    monkeypatch.setenv("RINGMPI_WAIT", "fast")
+def test_wait_unknown_policy(environ):
+    environ.set("RINGMPI_WAIT", "fast")
     comm = WORLD.Dup()
     message = raised(ValueError, ringmpi.allreduce, np.ones(3), comm=comm)
     comm.Free()
@@ -974,14 +973,14 @@ def test_repeated_calls_on_the_same_arrays(algorithm, in_place, shape):
 
 
 @needs_two_ranks  # one rank has no step to segment, and reads no segment setting
-def test_a_repeat_sees_a_new_setting(monkeypatch):
+def test_a_repeat_sees_a_new_setting(environ):
     buf = inputs(64)
     for _ in range(3):
         ringmpi.Allreduce(MPI.IN_PLACE, buf.copy(), algorithm="ring")
     out = buf.copy()
     for _ in range(3):
         ringmpi.Allreduce(MPI.IN_PLACE, out, algorithm="ring")
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "lots")
+    environ.set("RINGMPI_SEGMENT_BYTES", "lots")
     message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, out, algorithm="ring")
     agree(WORLD, says(message, "RINGMPI_SEGMENT_BYTES must be a whole number"))
 
@@ -991,20 +990,20 @@ def test_a_repeat_sees_the_array_change_in_place():
     a = np.empty(count, np.float32)
     problems = []
     for _ in range(3):
-        a[...] = kernels.verify_inputs(MPI.SUM, "float32", RANK, count)
+        a[...] = verify.verify_inputs(MPI.SUM, "float32", RANK, count)
         ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
     a.dtype = np.int32  # the same memory, now 64 int32
-    a[...] = kernels.verify_inputs(MPI.SUM, "int32", RANK, count)
+    a[...] = verify.verify_inputs(MPI.SUM, "int32", RANK, count)
     ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
-    problems += mismatch("as int32", a, kernels.verify_expected(MPI.SUM, "int32", SIZE, count))
+    problems += mismatch("as int32", a, verify.verify_expected(MPI.SUM, "int32", SIZE, count))
     a.flags.writeable = False
     message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, a, algorithm="recursive_doubling")
     problems += says(message, "read-only")
     a.flags.writeable = True
     a.shape = (8, 8)
-    a[...] = kernels.verify_inputs(MPI.SUM, "int32", RANK, count).reshape(8, 8)
+    a[...] = verify.verify_inputs(MPI.SUM, "int32", RANK, count).reshape(8, 8)
     ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
-    want = kernels.verify_expected(MPI.SUM, "int32", SIZE, count).reshape(8, 8)
+    want = verify.verify_expected(MPI.SUM, "int32", SIZE, count).reshape(8, 8)
     problems += mismatch("as 8x8", a, want)
     agree(WORLD, problems)
 

@@ -1,6 +1,6 @@
 """allreduce_many under MPI: exact results of fused buckets, and ranks that disagree.
 
-Array k of a call holds elements k.. of :func:`ringmpi.kernels.verify_inputs`, so
+Array k of a call holds elements k.. of :func:`ringmpi.verify.verify_inputs`, so
 every array has its own exact expected result and one written to the wrong place
 shows. Every check goes through :func:`agree`.
 """
@@ -13,7 +13,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import buckets, kernels
+from ringmpi import buckets, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -63,9 +63,9 @@ def arrays_for(op, dtypes, rank=RANK, nranks=None):
     for k, (shape, layout) in enumerate(SHAPES):
         dt = dtypes[k % len(dtypes)]
         n = int(np.prod(shape, dtype=np.int64))
-        made.append(_make(shape, layout, dt, kernels.verify_inputs(op, dt, rank, n + k)[k:]))
+        made.append(_make(shape, layout, dt, verify.verify_inputs(op, dt, rank, n + k)[k:]))
         if nranks is not None:
-            want.append(kernels.verify_expected(op, dt, nranks, n + k)[k:].reshape(shape))
+            want.append(verify.verify_expected(op, dt, nranks, n + k)[k:].reshape(shape))
     return made, want
 
 

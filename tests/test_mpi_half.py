@@ -185,9 +185,9 @@ def test_algorithms_that_would_round_twice_refuse_before_any_message(algorithm, 
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-def test_hierarchical_refuses_across_nodes_before_any_message(dt, monkeypatch):
+def test_hierarchical_refuses_across_nodes_before_any_message(dt, environ):
     # Emulated nodes of one rank: N nodes (one node at N = 1, where it runs).
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "1")
+    environ.set("RINGMPI_RANKS_PER_NODE", "1")
     comm = WORLD.Dup()  # a fresh context: its node layout follows the setting
     x = np.ones(10, dt)
     problems = []
@@ -217,11 +217,11 @@ def test_hierarchical_refuses_across_nodes_before_any_message(dt, monkeypatch):
 @pytest.mark.parametrize("stores", ["cached", "streaming"])
 @pytest.mark.parametrize(("op", "name"), OPS)
 @pytest.mark.parametrize("dt", DTYPES)
-def test_hierarchical_large_buffers_through_many_pieces(stores, op, name, dt, monkeypatch):
+def test_hierarchical_large_buffers_through_many_pieces(stores, op, name, dt, environ):
     # 1 MiB and more: the copies into the result stream; 64 KiB pieces put the
     # buffer through the window many times, the last piece short.
-    monkeypatch.setenv("RINGMPI_WINDOW_STORES", stores)
-    monkeypatch.setenv("RINGMPI_PIECE_BYTES", str(64 << 10))
+    environ.set("RINGMPI_WINDOW_STORES", stores)
+    environ.set("RINGMPI_PIECE_BYTES", str(64 << 10))
     comm = WORLD.Dup()  # a window sized for these pieces
     problems = []
     for n in (524_289, 1_000_003):
@@ -235,7 +235,7 @@ def test_hierarchical_large_buffers_through_many_pieces(stores, op, name, dt, mo
     agree(WORLD, problems)
 
 
-def test_auto_and_the_environment_keep_to_the_half_algorithms(monkeypatch):
+def test_auto_and_the_environment_keep_to_the_half_algorithms(environ):
     x = np.ones(1 << 16, np.float16)
     problems = []
     for nbytes in (2, 2 << 10, 2 << 20):
@@ -244,10 +244,10 @@ def test_auto_and_the_environment_keep_to_the_half_algorithms(monkeypatch):
         name = ringmpi.algorithms.choose("auto", nbytes, ctx, red).name
         if name not in ("ring", "shared_memory", "hierarchical"):
             problems.append(f"auto chose {name} for {nbytes} bytes")
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "recursive_doubling")
+    environ.set("RINGMPI_ALGORITHM", "recursive_doubling")
     with pytest.raises(ValueError, match="RINGMPI_ALGORITHM: 'recursive_doubling' cannot"):
         ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, WORLD)
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "ring")
+    environ.set("RINGMPI_ALGORITHM", "ring")
     ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, WORLD)
     if not (x == N).all():
         problems.append("RINGMPI_ALGORITHM=ring gave a wrong sum")
@@ -291,10 +291,10 @@ def test_trace_counts_sixteen_bits_on_the_wire(dt, n):
 @pytest.mark.parametrize(("op", "name"), [OPS[0], OPS[1]])  # SUM and AVG
 @pytest.mark.parametrize("in_place", [False, True], ids=["send-recv", "in-place"])
 @pytest.mark.parametrize("timeout", [0.0, 60.0], ids=["wait", "poll"])
-def test_many_segments(monkeypatch, dt, op, name, in_place, timeout):
+def test_many_segments(environ, dt, op, name, in_place, timeout):
     # Tiny segments: every exchanged chunk in many messages, each folded as it arrives
     # (the last step); with a timeout the engine polls instead of waiting.
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "64")
+    environ.set("RINGMPI_SEGMENT_BYTES", "64")
     problems = []
     for n in (4099, 31):
         x = _inputs(dt, n, RANK, 9)

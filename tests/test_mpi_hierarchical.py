@@ -16,7 +16,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels
+from ringmpi import kernels, verify
 from ringmpi.schedule import chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -29,10 +29,9 @@ PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS 
 
 
 @pytest.fixture
-def nodes(monkeypatch, request):
+def nodes(settings, request):
     k, placement = request.param
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", str(k))
-    monkeypatch.setenv("RINGMPI_NODE_PLACEMENT", placement)
+    settings(ranks_per_node=k, node_placement=placement)
     return k, placement
 
 
@@ -98,8 +97,8 @@ def test_layouts(nodes, op, dtype):
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     problems: list[str] = []
     for count in sorted({0, 1, max(n - 1, 0), n, n + 1, 1009, 2**20 + 3}):
-        send = kernels.verify_inputs(op, dtype, rank, count)
-        expected = kernels.verify_expected(op, dtype, n, count)
+        send = verify.verify_inputs(op, dtype, rank, count)
+        expected = verify.verify_expected(op, dtype, n, count)
         for in_place in (False, True):
             first, second = _call(op, send, in_place), _call(op, send, in_place)
             where = f"{nodes} count {count} {'in' if in_place else 'out-of'}-place"
@@ -119,15 +118,15 @@ def test_every_op_and_dtype(nodes, op, dtype):
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     problems = []
     for count in (0, 1, n + 1, 1009):
-        send = kernels.verify_inputs(op, dtype, rank, count)
+        send = verify.verify_inputs(op, dtype, rank, count)
         got = _call(op, send, in_place=count % 2 == 1)
-        if not np.array_equal(got, kernels.verify_expected(op, dtype, n, count)):
+        if not np.array_equal(got, verify.verify_expected(op, dtype, n, count)):
             problems.append(f"count {count}: wrong result")
     agree(WORLD, problems)
 
 
-def test_random_floats_agree_bitwise_across_ranks(monkeypatch):
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+def test_random_floats_agree_bitwise_across_ranks(environ):
+    environ.set("RINGMPI_RANKS_PER_NODE", "2")
     rng = np.random.default_rng(WORLD.Get_rank())
     x = rng.standard_normal(100_003).astype(np.float32)
     got = ringmpi.allreduce(x, algorithm="hierarchical")
@@ -167,8 +166,8 @@ def test_trace_counts_inter_node_traffic(nodes, count):
     agree(WORLD, problems)
 
 
-def test_one_node_has_no_inter_node_steps(monkeypatch):
-    monkeypatch.delenv("RINGMPI_RANKS_PER_NODE", raising=False)
+def test_one_node_has_no_inter_node_steps(environ):
+    environ.unset("RINGMPI_RANKS_PER_NODE")
     with ringmpi.trace() as t:
         got = ringmpi.allreduce(np.arange(1000, dtype=np.int64), algorithm="hierarchical")
     n = WORLD.Get_size()
@@ -178,8 +177,8 @@ def test_one_node_has_no_inter_node_steps(monkeypatch):
     agree(WORLD, problems)
 
 
-def test_window_is_reused_across_sizes_and_dtypes(monkeypatch):
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+def test_window_is_reused_across_sizes_and_dtypes(environ):
+    environ.set("RINGMPI_RANKS_PER_NODE", "2")
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     problems = []
     # Back to back, so that a rank still reading one call's slots while another
@@ -187,9 +186,9 @@ def test_window_is_reused_across_sizes_and_dtypes(monkeypatch):
     calls = [(10, "int32"), (300_000, "float64"), (7, "complex128"), (300_001, "int8"),
              (0, "float32"), (50_000, "uint16"), (33, "int64"), (5_000, "float32")]  # fmt: skip
     for count, dtype in calls * 8:
-        send = kernels.verify_inputs(MPI.SUM, dtype, rank, count)
+        send = verify.verify_inputs(MPI.SUM, dtype, rank, count)
         got = ringmpi.allreduce(send, algorithm="hierarchical")
-        if not np.array_equal(got, kernels.verify_expected(MPI.SUM, dtype, n, count)):
+        if not np.array_equal(got, verify.verify_expected(MPI.SUM, dtype, n, count)):
             problems.append(f"{count} x {dtype}: wrong result")
     agree(WORLD, problems)
 
@@ -199,20 +198,20 @@ def test_window_is_reused_across_sizes_and_dtypes(monkeypatch):
 )
 @pytest.mark.parametrize("stores", ["cached", "streaming"])
 @pytest.mark.parametrize("piece", [64, 4096])
-def test_many_pieces(nodes, stores, piece, monkeypatch):
+def test_many_pieces(nodes, stores, piece, environ):
     # Tiny pieces force the buffer through the window in many passes, the last one
     # short, with either way of storing (a fresh communicator, so that the window
     # is sized for this piece).
-    monkeypatch.setenv("RINGMPI_PIECE_BYTES", str(piece))
-    monkeypatch.setenv("RINGMPI_WINDOW_STORES", stores)
+    environ.set("RINGMPI_PIECE_BYTES", str(piece))
+    environ.set("RINGMPI_WINDOW_STORES", stores)
     comm = WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
     problems = []
     for count, op, dtype in [(1009, MPI.SUM, "float64"), (3001, ringmpi.AVG, "complex64"),
                              (777, MPI.MAX, "int16"), (7_001, MPI.BXOR, "uint8"),
                              (3, MPI.PROD, "complex128")]:  # fmt: skip
-        send = kernels.verify_inputs(op, dtype, rank, count)
-        expected = kernels.verify_expected(op, dtype, n, count)
+        send = verify.verify_inputs(op, dtype, rank, count)
+        expected = verify.verify_expected(op, dtype, n, count)
         for in_place in (False, True):
             got = send.copy() if in_place else np.empty_like(send)
             with ringmpi.trace() as t:
@@ -229,30 +228,30 @@ def test_many_pieces(nodes, stores, piece, monkeypatch):
 
 
 @pytest.mark.parametrize("nbytes", [3 << 20, 3 << 16], ids=["3MiB", "192KiB"])
-def test_the_node_times_both_ways_and_agrees(monkeypatch, nbytes):
+def test_the_node_times_both_ways_and_agrees(environ, nbytes):
     # From 64 KiB the first calls of a size class alternate between cached and
     # streaming stores to the window, timing each; then every rank of a node keeps
     # the same way. Results are exact throughout, and the choice lives with the
     # communicator. From 1 MiB the chosen way's calls are timed on (below, only
     # the trials).
-    monkeypatch.delenv("RINGMPI_PIECE_BYTES", raising=False)
-    monkeypatch.delenv("RINGMPI_WINDOW_STORES", raising=False)
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", "2")
+    environ.unset("RINGMPI_PIECE_BYTES")
+    environ.unset("RINGMPI_WINDOW_STORES")
+    environ.set("RINGMPI_RANKS_PER_NODE", "2")
     from ringmpi import _comm
     from ringmpi.algorithms import hierarchical
 
     comm = WORLD.Dup()
     rank, n = comm.Get_rank(), comm.Get_size()
     count = nbytes // 4 + 3  # float32: a size class of its own
-    send = kernels.verify_inputs(MPI.SUM, "float32", rank, count)
-    expected = kernels.verify_expected(MPI.SUM, "float32", n, count)
+    send = verify.verify_inputs(MPI.SUM, "float32", rank, count)
+    expected = verify.verify_expected(MPI.SUM, "float32", n, count)
     problems = []
     for call in range(2 * (hierarchical._TRIALS + 1) + 2):
         got = ringmpi.allreduce(send, comm=comm, algorithm="hierarchical")
         if not np.array_equal(got, expected):
             problems.append(f"call {call}: wrong result")
     ctx = _comm.context(comm)
-    (choice,) = [v for key, v in ctx.extra.items() if key[0] == "stores"]
+    (choice,) = ctx.peek("hierarchical").choices.values()
     timed = {way: len(t) for way, t in choice.times.items()}
     if timed != {"cached": hierarchical._TRIALS + 1, "streaming": hierarchical._TRIALS + 1}:
         problems.append(f"timed calls per way: {timed}")
@@ -271,8 +270,8 @@ def test_the_node_times_both_ways_and_agrees(monkeypatch, nbytes):
 @pytest.mark.parametrize(
     ("name", "value"), [("RINGMPI_PIECE_BYTES", "-1"), ("RINGMPI_WINDOW_STORES", "fast")]
 )
-def test_bad_window_settings(monkeypatch, name, value):
-    monkeypatch.setenv(name, value)
+def test_bad_window_settings(environ, name, value):
+    environ.set(name, value)
     comm = WORLD.Dup()
     with pytest.raises(ValueError, match=name):
         ringmpi.allreduce(np.ones(4), comm=comm, algorithm="hierarchical")
@@ -284,8 +283,8 @@ def test_bad_window_settings(monkeypatch, name, value):
     [("RINGMPI_RANKS_PER_NODE", "0", "RANKS_PER_NODE"), ("RINGMPI_RANKS_PER_NODE", "two", "RANKS_PER_NODE"),
      ("RINGMPI_NODE_PLACEMENT", "scatter", "PLACEMENT")],
 )  # fmt: skip
-def test_bad_node_settings(monkeypatch, name, value, match):
-    monkeypatch.setenv(name, value)
+def test_bad_node_settings(environ, name, value, match):
+    environ.set(name, value)
     with pytest.raises(ValueError, match=match):
         ringmpi.allreduce(np.ones(4), algorithm="hierarchical")
 
@@ -306,13 +305,14 @@ def test_auto_sees_the_emulated_nodes(nodes):
     for count in (1, 1009, 1 << 18, 1 << 20):
         nbytes = count * 4
         chosen = algorithms.choose("auto", nbytes, ctx).name
-        candidates = [a for a in algorithms.usable(ctx) if a != "hierarchical" or not ctx.sleepy]
+        candidates = [algorithms.get(a) for a in algorithms.usable(ctx)
+                      if algorithms.get(a).crowded or not ctx.sleepy]  # fmt: skip
         # untuned: the constants for nodes of the largest node's size
-        want = tuning.choose(tuning.load(shape[1]), nbytes, n, *shape, candidates)
+        want = tuning.choose(tuning.load(shape[1]), nbytes, n, *shape, candidates).name
         if chosen != want:
             problems.append(f"{nbytes} B: auto chose {chosen}, the model says {want}")
-        x = kernels.verify_inputs(MPI.SUM, "float32", comm.Get_rank(), count)
+        x = verify.verify_inputs(MPI.SUM, "float32", comm.Get_rank(), count)
         got = ringmpi.allreduce(x, algorithm="auto")
-        if not np.array_equal(got, kernels.verify_expected(MPI.SUM, "float32", n, count)):
+        if not np.array_equal(got, verify.verify_expected(MPI.SUM, "float32", n, count)):
             problems.append(f"{nbytes} B: wrong result from auto ({chosen})")
     agree(comm, problems)

@@ -53,7 +53,7 @@ ALGORITHMS = tuple(algorithms.names())
 OWN = tuple(a for a in ALGORITHMS if a != "mpi")  # ringmpi's own, and auto choosing among them
 RANK_ORDER = ("chain",)  # documented to fold every element in communicator rank order
 # What reproducible=True may run on floating and complex data (any other name: ValueError).
-KEEP_ORDER = ("auto", *algorithms.KEEP_ORDER)
+KEEP_ORDER = ("auto", *(a.name for a in algorithms.records() if a.keeps_order))
 DTYPES = {spec.name: tuple(dt.name for dt in spec.dtypes) for spec in kernels._OPS}
 OP = {spec.name: spec.op for spec in kernels._OPS}
 UFUNC = {"sum": np.add, "avg": np.add, "prod": np.multiply, "max": np.maximum,
@@ -421,12 +421,10 @@ def run_case(case: Case, comms: dict) -> None:
     ref = mpi_reference(comm, case.op, x, case.algorithm)
     problems: list[str] = []
     got, digests = None, []
-    with pytest.MonkeyPatch.context() as mp:
-        if case.segment is not None:
-            mp.setenv("RINGMPI_SEGMENT_BYTES", str(case.segment))
-        if case.nodes is not None:
-            mp.setenv("RINGMPI_RANKS_PER_NODE", str(case.nodes[0]))
-            mp.setenv("RINGMPI_NODE_PLACEMENT", case.nodes[1])
+    changes = {} if case.segment is None else {"segment_bytes": case.segment}
+    if case.nodes is not None:
+        changes.update(ranks_per_node=case.nodes[0], node_placement=case.nodes[1])
+    with ringmpi.configured(**changes):
         try:
             got, problems, digests = _call(case, comm, x)
         except Exception as exc:  # every rank still meets the others below

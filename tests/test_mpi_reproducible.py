@@ -18,8 +18,9 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import algorithms, plans
+from ringmpi import algorithms
 from ringmpi._comm import context
+from ringmpi.algorithms import chain
 from ringmpi.schedule import chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -144,10 +145,10 @@ def test_bitwise_the_left_fold_in_rank_order(comms, name, op, dtype):
 
 
 @pytest.mark.parametrize("algorithm", ["chain", "auto"])
-def test_many_pieces_and_segments(monkeypatch, algorithm):
+def test_many_pieces_and_segments(monkeypatch, environ, algorithm):
     """Small pieces and segments: many of each, uneven, every algorithm's many-piece path."""
-    monkeypatch.setattr(plans, "CHAIN_MAX_PIECE", 1000)  # bytes: 3001 float64 -> 25 pieces
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "256")
+    monkeypatch.setattr(chain, "CHAIN_MAX_PIECE", 1000)  # bytes: 3001 float64 -> 25 pieces
+    environ.set("RINGMPI_SEGMENT_BYTES", "256")
     world = MPI.COMM_WORLD
     problems = []
     for op, dtype in (("sum", "float64"), ("avg", "complex128"), ("max", "float32")):
@@ -158,9 +159,9 @@ def test_many_pieces_and_segments(monkeypatch, algorithm):
 
 @pytest.mark.parametrize("placement", ["block", "cyclic"])
 @pytest.mark.parametrize("per_node", [1, 2, 3])
-def test_emulated_node_layouts_change_no_bit(monkeypatch, per_node, placement):
-    monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", str(per_node))
-    monkeypatch.setenv("RINGMPI_NODE_PLACEMENT", placement)
+def test_emulated_node_layouts_change_no_bit(environ, per_node, placement):
+    environ.set("RINGMPI_RANKS_PER_NODE", str(per_node))
+    environ.set("RINGMPI_NODE_PLACEMENT", placement)
     world = MPI.COMM_WORLD
     problems = []
     for count in (7, 1009, 70_001):
@@ -186,8 +187,8 @@ def test_repeated_calls_stay_reproducible():
     agree(world, problems)
 
 
-def test_from_the_environment(monkeypatch):
-    monkeypatch.setenv("RINGMPI_REPRODUCIBLE", "1")
+def test_from_the_environment(environ):
+    environ.set("RINGMPI_REPRODUCIBLE", "1")
     world = MPI.COMM_WORLD
     problems = _check(world, "sum", "float32", 1009, "auto", in_place=False)
     problems += _check(world, "sum", "complex128", 77, "auto", in_place=True)
@@ -224,9 +225,9 @@ def test_an_algorithm_that_cannot_keep_the_order_raises(algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "hierarchical", "auto"])
-def test_integers_keep_the_normal_choice(monkeypatch, algorithm):
+def test_integers_keep_the_normal_choice(environ, algorithm):
     """Integer and bool results have the same bits in any order: any algorithm runs."""
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "auto")
+    environ.set("RINGMPI_ALGORITHM", "auto")
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     got = ringmpi.allreduce(np.arange(9, dtype=np.int64) + rank, comm=world,
@@ -237,28 +238,24 @@ def test_integers_keep_the_normal_choice(monkeypatch, algorithm):
     agree(world, [] if (got == want).all() and (flags == (n == 1)).all() else [f"{got} {flags}"])
 
 
-def test_auto_keeps_to_the_algorithms_that_keep_the_order(monkeypatch):
+def test_auto_keeps_to_the_algorithms_that_keep_the_order(environ):
     world = MPI.COMM_WORLD
     ctx = context(world)
     red = ringmpi.kernels.reduction(MPI.SUM, np.float32)
     problems = []
     for nbytes in (8, 1 << 16, 1 << 20, 64 << 20):
-        ctx.reproducible = True
-        chosen = algorithms.choose("auto", nbytes, ctx, red).name
-        if chosen not in algorithms.KEEP_ORDER:
-            problems.append(f"{nbytes} B: auto chose {chosen}")
-        ctx.reproducible = False
+        chosen = algorithms.choose("auto", nbytes, ctx, red, reproducible=True)
+        if not chosen.keeps_order or chosen.name not in ("chain", "shared_memory"):
+            problems.append(f"{nbytes} B: auto chose {chosen.name}")
         if algorithms.choose("auto", nbytes, ctx, red).name == "chain":
             problems.append(f"{nbytes} B: chain among the normal choices")
-    monkeypatch.setenv("RINGMPI_ALGORITHM", "ring")
-    ctx.reproducible = True
+    environ.set("RINGMPI_ALGORITHM", "ring")
     try:
-        algorithms.choose("auto", 8, ctx, red)
+        algorithms.choose("auto", 8, ctx, red, reproducible=True)
         problems.append("RINGMPI_ALGORITHM=ring ran in reproducible mode")
     except ValueError as exc:
         if "RINGMPI_ALGORITHM" not in str(exc):
             problems.append(str(exc))
-    ctx.reproducible = False
     agree(world, problems)
 
 
@@ -267,7 +264,7 @@ def _closed_form(n: int, rank: int, count: int, itemsize: int, seg: int) -> tupl
     ranks 0 .. N-3 send every piece twice (a partial and finished), N-2 and N-1 once."""
     if n == 1:
         return 0, 0, 0
-    pieces = plans.chain_pieces(n, count, itemsize)
+    pieces = chain.chain_pieces(n, count, itemsize)
     times = 2 if rank <= n - 3 else 1
     bounds = chunk_bounds(count, pieces)
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
@@ -276,8 +273,8 @@ def _closed_form(n: int, rank: int, count: int, itemsize: int, seg: int) -> tupl
 
 
 @pytest.mark.parametrize("count", [0, 1, 1009, 300_007])
-def test_trace_counts_equal_the_closed_form(monkeypatch, count):
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "65536")
+def test_trace_counts_equal_the_closed_form(environ, count):
+    environ.set("RINGMPI_SEGMENT_BYTES", "65536")
     world = MPI.COMM_WORLD
     n, rank = world.Get_size(), world.Get_rank()
     x = np.ones(count, np.float32)

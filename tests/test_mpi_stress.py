@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import ringmpi
 import ringmpi._comm
-from ringmpi import algorithms, kernels
+from ringmpi import algorithms, kernels, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -290,9 +290,9 @@ def _traffic(comm: MPI.Intracomm, algorithm: str) -> list[str]:
     rank, n = comm.Get_rank(), comm.Get_size()
     problems = []
     for count, op, dtype in TRAFFIC:
-        x = kernels.verify_inputs(op, dtype, rank, count)
+        x = verify.verify_inputs(op, dtype, rank, count)
         got = ringmpi.allreduce(x, op, comm, algorithm=algorithm)
-        if not np.array_equal(got, kernels.verify_expected(op, dtype, n, count)):
+        if not np.array_equal(got, verify.verify_expected(op, dtype, n, count)):
             problems.append(f"count {count}: wrong result")
     return problems
 
@@ -305,13 +305,13 @@ USER_CASES = [pytest.param(a, None, id=a) for a in ALGORITHMS] + [
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["used-comm", "fresh-comm"])
 @pytest.mark.parametrize(("algorithm", "nodes"), USER_CASES)
-def test_user_messages_never_meet_ringmpi_traffic(monkeypatch, algorithm, nodes, fresh):
+def test_user_messages_never_meet_ringmpi_traffic(environ, algorithm, nodes, fresh):
     """``fresh``: the receive is posted on a communicator ringmpi has not used yet, so
     ringmpi sets it up while the receive is pending."""
     _skip_shared_memory_across_nodes(algorithm)
-    monkeypatch.setenv("RINGMPI_SEGMENT_BYTES", "4096")
+    environ.set("RINGMPI_SEGMENT_BYTES", "4096")
     if nodes is not None:
-        monkeypatch.setenv("RINGMPI_RANKS_PER_NODE", str(nodes))
+        environ.set("RINGMPI_RANKS_PER_NODE", str(nodes))
     comm = WORLD.Dup()
     if not fresh:
         ringmpi.allreduce(np.ones(3), comm=comm, algorithm=algorithm)

@@ -6,13 +6,42 @@ import functools
 import math
 
 import numpy as np
+import pairwise
 import pytest
 
-from ringmpi import plans
+from ringmpi import algorithms, plans
+from ringmpi.algorithms import chain
 from ringmpi.schedule import chunk_bounds
 
-ALGORITHMS = list(plans.PLANS)
+# Every registered algorithm that runs a plan, one registered from outside the package
+# too (tests/pairwise.py): a new algorithm is simulated here with no line of this file.
+with pairwise.registered():
+    ALGORITHMS = [a.name for a in algorithms.records() if a.plan is not None]
+BUILT_IN = ["ring", "recursive_doubling", "rabenseifner", "chain"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pairwise():
+    with pairwise.registered():
+        yield
+
+
+def test_an_algorithm_from_outside_is_simulated_with_the_rest():
+    assert "pairwise" in ALGORITHMS and set(BUILT_IN) <= set(ALGORITHMS)
+    # the ring's bytes and steps, partners changing every step
+    sim = plans.simulate(build("pairwise"), 5, 5 * 7, itemsize=4)
+    assert sim.bytes_sent == [2 * 4 * 7 * 4] * 5 and sim.steps == [2 * 4] * 5
 COUNTS = [0, 1, 2, 3, 7, 8, 13, 64]
+
+
+def build(name: str, **options):
+    """The plan builder of algorithm ``name`` (the chain's ``pieces`` fixed if given)."""
+    make = algorithms.get(name).plan
+    return functools.partial(make, **options) if options else make
+
+
+def plan(name: str, nranks: int, rank: int, count: int, itemsize: int = 1, **options):
+    return build(name, **options)(nranks, rank, count, itemsize)
 
 
 @pytest.mark.parametrize("count", COUNTS)
@@ -21,7 +50,7 @@ COUNTS = [0, 1, 2, 3, 7, 8, 13, 64]
 def test_every_rank_ends_with_every_contribution(algorithm, nranks, count):
     # simulate() raises AssertionError on a deadlock, a length mismatch, a
     # contribution counted twice or one missing at the end.
-    plans.simulate(algorithm, nranks, count)
+    plans.simulate(build(algorithm), nranks, count)
 
 
 def _expected_steps(algorithm: str, n: int, r: int) -> int:
@@ -31,7 +60,7 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
     if algorithm == "ring":
         return 2 * (n - 1)
     if algorithm == "chain":
-        return _chain_rows(n, r, plans.chain_pieces(n, 8 * 9 * 5 * 7, 4))
+        return _chain_rows(n, r, chain.chain_pieces(n, 8 * 9 * 5 * 7, 4))
     p = 1 << int(math.log2(n))
     rem, lg = n - p, int(math.log2(p))
     per = lg if algorithm == "recursive_doubling" else 2 * lg
@@ -41,12 +70,11 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
 
 
 @pytest.mark.parametrize("nranks", range(1, 10))
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", BUILT_IN)
 def test_steps_and_bytes_equal_the_closed_form(algorithm, nranks):
     count = 8 * 9 * 5 * 7  # divisible by every N and p here
-    sim = plans.simulate(algorithm, nranks, count, itemsize=4)
-    opts = {"itemsize": 4} if algorithm == "chain" else {}
-    assert [plans.plan(algorithm, nranks, r, count, **opts).steps for r in range(nranks)] == [
+    sim = plans.simulate(build(algorithm), nranks, count, itemsize=4)
+    assert [plan(algorithm, nranks, r, count, 4).steps for r in range(nranks)] == [
         _expected_steps(algorithm, nranks, r) for r in range(nranks)
     ]
     p = 1 << int(math.log2(nranks))
@@ -71,10 +99,10 @@ def test_the_busiest_rank_sends_what_the_docs_say():
     # Per rank the ring moves 2(N-1)/N of the buffer (1.50 at 4, 1.97 at 64);
     # recursive doubling lg p buffers; Rabenseifner the ring's share.
     count = 64 * 4
-    ring4 = plans.simulate("ring", 4, count)
+    ring4 = plans.simulate(build("ring"), 4, count)
     assert max(ring4.bytes_sent) / count == 1.5
-    assert max(plans.simulate("recursive_doubling", 8, count).bytes_sent) / count == 3
-    assert max(plans.simulate("rabenseifner", 8, count).bytes_sent) / count == 2 * 7 / 8
+    assert max(plans.simulate(build("recursive_doubling"), 8, count).bytes_sent) / count == 3
+    assert max(plans.simulate(build("rabenseifner"), 8, count).bytes_sent) / count == 2 * 7 / 8
 
 
 @pytest.mark.parametrize("nranks", range(2, 10))
@@ -82,7 +110,7 @@ def test_the_busiest_rank_sends_what_the_docs_say():
 def test_partners_reduce_in_one_order(algorithm, nranks):
     """Both partners of a swap put the lower rank's operand first (bitwise equal results)."""
     count = 16
-    tables = [plans.plan(algorithm, nranks, r, count).table for r in range(nranks)]
+    tables = [plan(algorithm, nranks, r, count).table for r in range(nranks)]
     for r, table in enumerate(tables):
         for row in table:
             if row[plans.ACTION] & plans.REDUCE:
@@ -97,7 +125,7 @@ def test_rabenseifner_halves_then_doubles(nranks):
     count = 40
     p = 1 << int(math.log2(nranks))
     blocks = chunk_bounds(count, p)
-    table = plans.plan("rabenseifner", nranks, nranks - 1, count).table  # a member, no fold
+    table = plan("rabenseifner", nranks, nranks - 1, count).table  # a member, no fold
     lengths = [int(row[plans.SEND_LEN]) for row in table]
     lg = int(math.log2(p))
     block = blocks[1] - blocks[0]
@@ -107,17 +135,18 @@ def test_rabenseifner_halves_then_doubles(nranks):
 
 
 def test_plan_rejects_a_rank_outside():
-    with pytest.raises(ValueError, match="rank 4 is not one of 4"):
-        plans.plan("ring", 4, 4, 10)
+    for name in ALGORITHMS:
+        with pytest.raises(ValueError, match="rank 4 is not one of 4"):
+            plan(name, 4, 4, 10)
 
 
 def test_tables_are_int64_with_nine_columns():
-    t = plans.plan("rabenseifner", 6, 3, 100).table
+    t = plan("rabenseifner", 6, 3, 100).table
     assert t.dtype == np.int64 and t.shape[1] == plans.COLUMNS
 
 
 def _chain_rows(n: int, r: int, pieces: int) -> int:
-    """The chain's rows on rank r, in closed form (plans.chain's docstring)."""
+    """The chain's rows on rank r, in closed form (chain.chain's docstring)."""
     if n == 1:
         return 0
     if n == 2:
@@ -135,10 +164,10 @@ def test_chain_folds_in_rank_order_on_every_rank(nranks, pieces):
     """Every element on every rank is ((x0 op x1) op x2) ... op x(N-1), the partial
     always the left operand; rows and bytes as the closed form says."""
     count = 41
-    sim = plans.simulate("chain", nranks, count, 8, pieces=pieces)
+    sim = plans.simulate(build("chain", pieces=pieces), nranks, count, 8)
     left = functools.reduce(lambda acc, x: (acc, x), range(nranks))
     assert all(e == left for result in sim.results for e in result)
-    steps = [plans.plan("chain", nranks, r, count, pieces=pieces).steps for r in range(nranks)]
+    steps = [plan("chain", nranks, r, count, pieces=pieces).steps for r in range(nranks)]
     assert steps == [_chain_rows(nranks, r, pieces) for r in range(nranks)]
     sends = [0 if nranks == 1 else 2 if r <= nranks - 3 else 1 for r in range(nranks)]
     assert sim.bytes_sent == [8 * count * k for k in sends]
@@ -152,7 +181,7 @@ def test_chain_rows_reduce_only_pieces_they_do_not_send(nranks):
     takes the received partial first."""
     count = 30
     for r in range(nranks):
-        for row in plans.plan("chain", nranks, r, count, pieces=5).table:
+        for row in plan("chain", nranks, r, count, pieces=5).table:
             if row[plans.SEND_TO] >= 0 and row[plans.RECV_FROM] >= 0:
                 s0, s1 = row[plans.SEND_OFF], row[plans.SEND_OFF] + row[plans.SEND_LEN]
                 r0, r1 = row[plans.RECV_OFF], row[plans.RECV_OFF] + row[plans.RECV_LEN]
@@ -164,8 +193,8 @@ def test_chain_rows_reduce_only_pieces_they_do_not_send(nranks):
 
 def test_chain_pieces():
     # one piece for small buffers; more, never more than the elements, as bytes grow
-    assert plans.chain_pieces(4, 0, 4) == plans.chain_pieces(4, 1, 4) == 1
-    assert plans.chain_pieces(2, 3, 1 << 30) == 3
-    assert plans.chain_pieces(2, (64 << 20) // 4, 4) == 64 << 20 >> 22  # 4 MiB at most
-    sizes = [plans.chain_pieces(8, n, 4) for n in (1 << 10, 1 << 16, 1 << 20, 1 << 24)]
+    assert chain.chain_pieces(4, 0, 4) == chain.chain_pieces(4, 1, 4) == 1
+    assert chain.chain_pieces(2, 3, 1 << 30) == 3
+    assert chain.chain_pieces(2, (64 << 20) // 4, 4) == 64 << 20 >> 22  # 4 MiB at most
+    sizes = [chain.chain_pieces(8, n, 4) for n in (1 << 10, 1 << 16, 1 << 20, 1 << 24)]
     assert sizes == sorted(sizes) and sizes[0] == 1 < sizes[-1]

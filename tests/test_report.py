@@ -1,4 +1,4 @@
-"""``python -m ringmpi.report`` on JSON written by real runs of the command line
+"""``python -m ringmpi report`` on JSON written by real runs of the command line
 (started under mpirun here, as tests/test_cli.py does; no Slurm needed)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ringmpi import reliability, report
+from ringmpi.tools import reliability, report
 
 PY = sys.executable
 SWEEP = ["-b", "8", "-e", "4K", "-f", "64", "-n", "2", "-w", "0"]
@@ -73,7 +73,7 @@ def test_text_and_markdown(results):
 
 def test_command_line_and_plot(results, tmp_path):
     out = tmp_path / "merged.png"
-    p = subprocess.run([PY, "-m", "ringmpi.report", *map(str, results), "--plot", str(out)],
+    p = subprocess.run([PY, "-m", "ringmpi", "report", *map(str, results), "--plot", str(out)],
                        capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "# 8 rows from 2 file(s); wrong elements in total: 0" in p.stdout
@@ -85,7 +85,7 @@ def test_wrong_elements_fail(results, tmp_path):
     data["rows"][0]["wrong"] = 3
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    p = subprocess.run([PY, "-m", "ringmpi.report", str(bad)], capture_output=True, text=True)
+    p = subprocess.run([PY, "-m", "ringmpi", "report", str(bad)], capture_output=True, text=True)
     assert p.returncode == 1 and "wrong elements in total: 3" in p.stdout
 
 
@@ -93,14 +93,14 @@ def test_wrong_elements_fail(results, tmp_path):
 def test_not_a_result(tmp_path, text):
     path = tmp_path / "x.json"
     path.write_text(text)
-    p = subprocess.run([PY, "-m", "ringmpi.report", str(path)], capture_output=True, text=True)
+    p = subprocess.run([PY, "-m", "ringmpi", "report", str(path)], capture_output=True, text=True)
     assert p.returncode == 2
     assert "not a result of python -m ringmpi.allreduce --json" in p.stderr
 
 
 def test_plot_without_matplotlib(results, tmp_path):
     # A None entry in sys.modules makes the import fail, as when it is not installed.
-    code = ("import sys; sys.modules['matplotlib'] = None; from ringmpi.report import main; "
+    code = ("import sys; sys.modules['matplotlib'] = None; from ringmpi.tools.report import main; "
             f"raise SystemExit(main([{str(results[0])!r}, '--plot', 'x.png']))")  # fmt: skip
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert p.returncode == 2

@@ -1,4 +1,4 @@
-"""ringmpi.scaling: the cost model beyond one machine (this file runs without MPI)."""
+"""python -m ringmpi scaling: the cost model beyond one machine (this file runs without MPI)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 import pytest
 from test_cli import _mpirun
 
-from ringmpi import scaling, tuning
+from ringmpi import algorithms, tuning
+from ringmpi.tools import scaling
 
 PY = sys.executable
 FAB = scaling.Fabric(alpha=20e-6, beta=1e-9)
@@ -24,7 +25,7 @@ def test_prediction_is_tunings(algorithm, nodes, n):
     per_node = 8
     costs = scaling.costs_for(nodes, per_node, FAB)
     p = nodes * per_node
-    want = tuning.predict(costs, algorithm, n, p, nodes, per_node)
+    want = algorithms.predict(costs, algorithm, n, p, nodes, per_node)
     assert scaling.predict(costs, algorithm, n, nodes, per_node) == want
     row = next(r for r in scaling.predict_grid(FAB, nodes=[nodes], sizes=[n]))
     assert row[algorithm]["seconds"] == want
@@ -126,7 +127,7 @@ def test_check_compares_every_modelled_row(measured, capsys):
     for c, r in zip(checked, modelled, strict=True):
         assert (c["nodes"], c["per_node"], c["ranks"]) == (1, 2, 2)
         # one node: the node's own constants, not the fabric's
-        want = tuning.predict(tuning.defaults(2), r["algorithm"], r["size"], 2, 1, 2)
+        want = algorithms.predict(tuning.defaults(2), r["algorithm"], r["size"], 2, 1, 2)
         assert c["predicted"] == want
         assert c["ratio"] == pytest.approx(r["time_us"] * 1e-6 / want)
     assert scaling.main(["--check", str(measured), "--markdown"]) == 0
@@ -143,7 +144,7 @@ def test_check_reads_nodes_from_the_header():
     (c,) = scaling.check([run], FAB)
     costs = scaling.costs_for(4, 2, FAB)
     assert (c["nodes"], c["per_node"]) == (4, 2)
-    assert c["predicted"] == tuning.predict(costs, "hierarchical", 1 << 20, 8, 4, 2)
+    assert c["predicted"] == algorithms.predict(costs, "hierarchical", 1 << 20, 8, 4, 2)
 
 
 def test_check_refuses_uneven_nodes():

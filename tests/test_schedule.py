@@ -9,13 +9,13 @@ from ringmpi.schedule import (
     REDUCE_SCATTER,
     chunk_bounds,
     hierarchical_plan,
-    main,
     owned_slices,
     ring_steps,
     simulate_hierarchical,
     simulate_naive,
     simulate_ring,
 )
+from ringmpi.tools.schedule import main
 
 RING_SIZES = range(1, 65)
 

@@ -198,7 +198,7 @@ HUNG_JOB = """#!/bin/bash
 set -euo pipefail
 source "$RINGMPI_JOBS_DIR/lib.sh"
 warm_cache
-launch 3 1 "$PYTHON" -m ringmpi._reliability_job fault ring sleep 1
+launch 3 1 "$PYTHON" -m ringmpi.tools._reliability_job fault ring sleep 1
 """
 
 
@@ -225,7 +225,7 @@ def test_report_merges_the_jobs(work, tmp_path):
     if not RESULTS:
         pytest.skip("no job results (the jobs' tests failed or did not run)")
     plot = tmp_path / "jobs.png"
-    p = subprocess.run([PY, "-m", "ringmpi.report", *map(str, RESULTS), "--markdown",
+    p = subprocess.run([PY, "-m", "ringmpi", "report", *map(str, RESULTS), "--markdown",
                         "--plot", str(plot)], capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0, p.stderr
     rows = sum(len(json.loads(path.read_text())["rows"]) for path in RESULTS)

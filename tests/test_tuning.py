@@ -1,4 +1,4 @@
-"""The cost model auto chooses by, its tuning file, and the fit python -m ringmpi.tune does."""
+"""The cost model auto chooses by, its tuning file, and the fit python -m ringmpi tune does."""
 
 from __future__ import annotations
 
@@ -6,57 +6,65 @@ import dataclasses
 import json
 
 import pytest
+from conftest import auto_choice
 
-from ringmpi import tuning
-from ringmpi.tune import fit
+from ringmpi import algorithms, tuning
+from ringmpi.tools.tune import fit
 
 D = tuning.DEFAULTS
 
 
+def terms(name: str, *args, **kw) -> dict[str, float]:
+    return algorithms.get(name).terms(*args, **kw)
+
+
+choose = auto_choice
+
+
 def test_terms_are_the_closed_forms():
-    assert tuning.terms("ring", 100, 4) == {"call": 1, "alpha": 6, "beta": 150, "gamma": 75}
-    assert tuning.terms("recursive_doubling", 100, 8) == {
+    assert terms("ring", 100, 4) == {"call": 1, "alpha": 6, "beta": 150, "gamma": 75}
+    assert terms("recursive_doubling", 100, 8) == {
         "call": 1, "alpha": 3, "beta": 300, "gamma": 300,
     }  # fmt: skip
     # 6 ranks: p' = 4 run the plan, 2 fold in and out (2 steps, the buffer twice more)
-    assert tuning.terms("rabenseifner", 100, 6) == {
+    assert terms("rabenseifner", 100, 6) == {
         "call": 1, "alpha": 4 + 2, "beta": 150 + 200, "gamma": 75 + 100,
     }  # fmt: skip
-    assert tuning.terms("ring", 100, 1) == {"call": 1}
+    assert terms("ring", 100, 1) == {"call": 1}
     # shared_memory: every rank waits on p flags twice and folds p contributions,
     # per piece of 64 KiB
-    assert tuning.terms("shared_memory", 100, 4) == {"call": 1, "shm_wait": 8, "shm_byte": 400}
-    assert tuning.terms("shared_memory", 100_000, 3)["shm_wait"] == 2 * 2 * 3
+    assert terms("shared_memory", 100, 4) == {"call": 1, "shm_wait": 8, "shm_byte": 400}
+    assert terms("shared_memory", 100_000, 3)["shm_wait"] == 2 * 2 * 3
 
 
 def test_hierarchical_terms_count_pipeline_steps_and_the_ring_across_nodes():
-    one = tuning.terms("hierarchical", 5 << 20, 4, nodes=1, per_node=4)
+    one = terms("hierarchical", 5 << 20, 4, nodes=1, per_node=4)
     assert one == {"node_call": 1, "node_step": 3 + 2, "node_byte": 5 << 20}
-    two = tuning.terms("hierarchical", 4 << 20, 8, nodes=2, per_node=4)
-    ring = tuning.terms("ring", 1 << 20, 2)  # each rail rings n/L over the M nodes
+    two = terms("hierarchical", 4 << 20, 8, nodes=2, per_node=4)
+    ring = terms("ring", 1 << 20, 2)  # each rail rings n/L over the M nodes
     assert two == {"node_call": 1, "node_step": 2 * (2 + 1), "node_byte": 4 << 20,
                    "alpha": ring["alpha"], "beta": ring["beta"], "gamma": ring["gamma"]}  # fmt: skip
 
 
 def test_defaults_choose_shared_memory_small_and_hierarchical_large():
-    assert tuning.choose(D, 8, 2, 1, 2) == "shared_memory"
-    assert tuning.choose(tuning.defaults(64), 8, 64, 1, 64) == "shared_memory"
-    messages = [a for a in tuning.CANDIDATES if a != "shared_memory"]  # several nodes
-    assert tuning.choose(D, 8, 16, 4, 4, messages) == "recursive_doubling"
-    assert tuning.choose(D, 64 << 20, 2, 1, 2) == "hierarchical"
+    assert choose(D, 8, 2, 1, 2) == "shared_memory"
+    assert choose(tuning.defaults(64), 8, 64, 1, 64) == "shared_memory"
+    messages = [a for a in algorithms.candidates() if a != "shared_memory"]  # several nodes
+    assert choose(D, 8, 16, 4, 4, messages) == "recursive_doubling"
+    assert choose(D, 64 << 20, 2, 1, 2) == "hierarchical"
     # 16 ranks on a node: Rabenseifner's few steps win in the middle (measured there)
-    assert tuning.choose(tuning.defaults(16), 1 << 20, 16, 1, 16) == "rabenseifner"
-    assert tuning.choose(tuning.defaults(16), 64 << 20, 16, 1, 16) == "hierarchical"
+    assert choose(tuning.defaults(16), 1 << 20, 16, 1, 16) == "rabenseifner"
+    assert choose(tuning.defaults(16), 64 << 20, 16, 1, 16) == "hierarchical"
     # one rank per node: no shared memory to use, the ring's bandwidth wins
-    assert tuning.choose(D, 64 << 20, 8, 8, 1, messages) in ("ring", "rabenseifner")
+    assert choose(D, 64 << 20, 8, 8, 1, messages) in ("ring", "rabenseifner")
 
 
 def test_defaults_by_ranks_per_node():
     assert tuning.defaults(1) == tuning.defaults(2) == D
     assert tuning.defaults(16) == tuning.defaults(64) == tuning.CROWDED
-    small, crowded = dataclasses.asdict(D), dataclasses.asdict(tuning.CROWDED)
+    small, crowded = tuning.as_dict(D), tuning.as_dict(tuning.CROWDED)
     # 4 ranks lie a third of the way from 2 to 16 in log2: a geometric third
-    four = dataclasses.asdict(tuning.defaults(4))
+    four = tuning.as_dict(tuning.defaults(4))
     for k in small:
         assert four[k] == pytest.approx(small[k] ** (2 / 3) * crowded[k] ** (1 / 3)), k
 
@@ -64,14 +72,14 @@ def test_defaults_by_ranks_per_node():
 def test_choice_is_the_smallest_prediction():
     for n in (8, 4096, 1 << 20, 64 << 20):
         for p in (2, 3, 8, 17):
-            best = min(tuning.predict(D, a, n, p, 1, p) for a in tuning.CANDIDATES)
-            assert tuning.predict(D, tuning.choose(D, n, p, 1, p), n, p, 1, p) == best
+            best = min(algorithms.predict(D, a, n, p, 1, p) for a in algorithms.candidates())
+            assert algorithms.predict(D, choose(D, n, p, 1, p), n, p, 1, p) == best
 
 
 def _measured(costs, p, nodes, per_node):
     return [
-        {"algorithm": a, "bytes": n, "seconds": tuning.predict(costs, a, n, p, nodes, per_node)}
-        for a in tuning.CANDIDATES
+        {"algorithm": a, "bytes": n, "seconds": algorithms.predict(costs, a, n, p, nodes, per_node)}
+        for a in algorithms.candidates()
         for n in (8, 512, 32768, 1 << 20, 8 << 20, 64 << 20)
     ]
 
@@ -96,8 +104,10 @@ def test_fit_of_shared_memory_survives_small_sizes_below_the_call_cost():
             m["seconds"] = 0.8 * known.call
     got = fit(data, 2, 1, 2)
     assert got.shm_byte == pytest.approx(known.shm_byte, rel=0.2)
-    big = tuning.predict(got, "shared_memory", 64 << 20, 2, 1, 2)
-    assert big == pytest.approx(tuning.predict(known, "shared_memory", 64 << 20, 2, 1, 2), rel=0.2)
+    big = algorithms.predict(got, "shared_memory", 64 << 20, 2, 1, 2)
+    assert big == pytest.approx(
+        algorithms.predict(known, "shared_memory", 64 << 20, 2, 1, 2), rel=0.2
+    )
 
 
 def test_fit_keeps_constants_non_negative():
@@ -106,33 +116,33 @@ def test_fit_keeps_constants_non_negative():
         if m["bytes"] == 8:
             m["seconds"] *= 0.1
     got = fit(data, 2, 1, 2)
-    assert all(v >= 0 for v in dataclasses.asdict(got).values())
+    assert all(v >= 0 for v in tuning.as_dict(got).values())
 
 
-def test_load_defaults_and_a_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("RINGMPI_TUNING", raising=False)
+def test_load_defaults_and_a_file(tmp_path, environ):
+    environ.unset("RINGMPI_TUNING")
     assert tuning.load() == D
     assert tuning.load(8) == tuning.defaults(8)
     path = tmp_path / "t.json"
     costs = dataclasses.replace(D, alpha=9e-6)
-    path.write_text(json.dumps({"costs": dataclasses.asdict(costs), "measured": []}))
-    monkeypatch.setenv("RINGMPI_TUNING", str(path))
+    path.write_text(json.dumps({"costs": tuning.as_dict(costs), "measured": []}))
+    environ.set("RINGMPI_TUNING", str(path))
     assert tuning.load() == costs
     assert tuning.load(8) == costs  # a file holds whatever layout it was measured on
     # a file from before shared_memory: its constants, the defaults for the new ones
-    older = {k: v for k, v in dataclasses.asdict(costs).items() if not k.startswith("shm_")}
+    older = {k: v for k, v in tuning.as_dict(costs).items() if not k.startswith("shm_")}
     path.write_text(json.dumps({"costs": older, "measured": []}))
     assert tuning.load(16) == dataclasses.replace(
         costs, shm_wait=tuning.CROWDED.shm_wait, shm_byte=tuning.CROWDED.shm_byte
     )
 
 
-def test_load_names_a_missing_or_bad_file(tmp_path, monkeypatch):
-    monkeypatch.setenv("RINGMPI_TUNING", str(tmp_path / "nope.json"))
+def test_load_names_a_missing_or_bad_file(tmp_path, environ):
+    environ.set("RINGMPI_TUNING", str(tmp_path / "nope.json"))
     with pytest.raises(ValueError, match=r"RINGMPI_TUNING: cannot read .*nope\.json"):
         tuning.load()
     bad = tmp_path / "bad.json"
     bad.write_text('{"costs": {"alpha": 1}}')
-    monkeypatch.setenv("RINGMPI_TUNING", str(bad))
+    environ.set("RINGMPI_TUNING", str(bad))
     with pytest.raises(ValueError, match=r"bad\.json' is not a tuning file"):
         tuning.load()

@@ -56,6 +56,7 @@ bitwise identical on every rank.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numba
@@ -63,26 +64,22 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _trace
+from .._cache import Bounded
 from .._capi import handle
-from .._comm import Context, complete, differences, timed_out
+from .._comm import Context, complete, disagreement, timed_out
+from .._copy import copy
+from .._copy import copy_bytes as _copy_bytes
+from .._copy import stream_bytes as _stream_bytes
 from .._errors import RingMPIError
-from .._settings import choice, positive_int
+from .._half import fold_half_parts
+from .._ops import divide_by, fold_by_code
+from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
-from ..kernels import (
-    Reduction,
-    _copy_bytes,
-    _stream_bytes,
-    copy,
-    divide_by,
-    fold_by_code,
-    fold_half_parts,
-    reduction,
-)
+from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from . import half_algorithms, register
+from .registry import listing, register
 from .ring import run_ring
-
-PLACEMENTS = ("block", "cyclic")
+from .ring import terms as ring_terms
 
 
 @dataclass
@@ -112,34 +109,41 @@ class Layout:
             self.node.Free()
 
 
-def node_settings() -> tuple[int | None, str]:
-    """``RINGMPI_RANKS_PER_NODE`` and ``RINGMPI_NODE_PLACEMENT``, checked."""
-    return positive_int("RINGMPI_RANKS_PER_NODE"), choice("RINGMPI_NODE_PLACEMENT", PLACEMENTS)
+class _State:
+    """The hierarchical algorithm's state on a communicator, per node layout (real
+    nodes, or emulated ones: (ranks per node, placement)): the layout, the node's
+    window, and the trials of each size class's way of storing."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.layouts: dict[tuple, Layout] = {}
+        self.windows: dict[tuple, _Window] = {}
+        self.choices: dict[tuple, _Choice] = {}  # (layout key, size class) -> trials
+
+    def free(self) -> None:
+        for win in self.windows.values():
+            win.free()
+        for lay in self.layouts.values():
+            lay.free()
+        self.windows.clear()
+        self.layouts.clear()
+        self.choices.clear()
 
 
-def node_shape(ctx: Context, k: int | None, placement: str) -> tuple[int, int]:
-    """(M nodes, ranks of the largest node) without building the layout's rails.
-
-    Emulated nodes follow from k alone; real ones take two small collectives on
-    first use (cached on the context).
-    """
-    n = ctx.size
-    if k is not None:  # virtual_node's nodes (cut out of one real node)
-        nodes = -(-n // k)
-        return nodes, min(k, n) if placement == "block" else -(-n // nodes)
-    if ctx.node_shape is None:
-        nodes = ctx.comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
-        ctx.node_shape = (nodes, ctx.comm.allreduce(ctx.node.Get_size(), op=MPI.MAX))
-    return ctx.node_shape
+def _nodes_of(settings: Settings) -> tuple[int | None, str]:
+    """The key of a layout: the emulated nodes' size (None: the real nodes), placement."""
+    return settings.ranks_per_node, settings.node_placement
 
 
-def layout(ctx: Context, k: int | None, placement: str) -> Layout:
-    """The node layout of ``ctx``'s communicator (collective on first use; cached)."""
-    key = ("layout", k, placement)
-    found = ctx.extra.get(key)
+def layout(ctx: Context, settings: Settings | None = None, timeout: float = 0.0) -> Layout:
+    """The node layout of ``ctx``'s communicator under ``settings`` (default: the
+    current ones): collective on first use, then cached."""
+    key = _nodes_of(settings or current())
+    state = ctx.state(HIERARCHICAL)
+    found = state.layouts.get(key)
     if found is not None:
         return found
-    ctx.arrive(ctx.comm, "hierarchical: setting up the node layout")
+    k, placement = key
+    ctx.arrive(ctx.comm, "hierarchical: setting up the node layout", timeout)
     comm = ctx.comm
     rank, size = ctx.rank, ctx.size
     # Emulated nodes of k ranks are cut out of the real ones (their ranks share memory).
@@ -162,7 +166,7 @@ def layout(ctx: Context, k: int | None, placement: str) -> Layout:
         node, local_rank, local_size, nodes, slices, owned, rails, members, k is not None,
         node.allgather(rank),
     )  # fmt: skip
-    ctx.extra[key] = found
+    state.layouts[key] = found
     return found
 
 
@@ -213,17 +217,17 @@ class _Window:
         node.Barrier()
         self.flag_win.Sync()
         self.handle = handle(self.win)
-        self.calls: dict[tuple, tuple] = {}  # one-node call shapes (_run_one_node)
+        self.calls: Bounded[tuple, tuple] = Bounded(64)  # one-node call shapes (_run_one_node)
 
-    def sync(self, ctx: Context, lay: Layout, step: str) -> None:
+    def sync(self, ctx: Context, lay: Layout, step: str, timeout: float) -> None:
         """Order this pass's stores before the next pass's loads, on every local rank:
         a barrier through the ranks' flags, compiled, with MPI_Win_sync on this
         window on both sides (:func:`ringmpi._shm.flag_barrier`). ``step`` names it
         in the error of a timeout."""
         late = flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle,
-                            self.sleepy, round(ctx.timeout * 1e9))  # fmt: skip
+                            self.sleepy, round(timeout * 1e9))  # fmt: skip
         if late >= 0:
-            raise _late(ctx, lay, late, step)
+            raise _late(ctx, lay, late, step, timeout)
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
@@ -233,9 +237,9 @@ class _Window:
             win.Free()
 
 
-def _late(ctx: Context, lay: Layout, late: int, step: str) -> RingMPIError:
+def _late(ctx: Context, lay: Layout, late: int, step: str, timeout: float) -> RingMPIError:
     """The error of a node barrier that local rank ``late`` did not reach in time."""
-    return timed_out(ctx, f"rank {ctx.rank}: hierarchical {step}",
+    return timed_out(ctx, timeout, f"rank {ctx.rank}: hierarchical {step}",
                      f"rank {lay.local_ranks[late]} (local rank {late} of its node) at the "
                      "node's barrier")  # fmt: skip
 
@@ -243,22 +247,21 @@ def _late(ctx: Context, lay: Layout, late: int, step: str) -> RingMPIError:
 def _disagree(ctx: Context, lay: Layout, red: Reduction, count: int, odd: int, their_count: int,
               their_tag: int) -> RingMPIError:  # fmt: skip
     """The error of a call whose local rank ``odd`` announced another count or tag."""
-    said = differences(their_count, count, their_tag, red.tag)
+    said = disagreement(their_count, count, their_tag, red.tag)
     return RingMPIError(f"rank {ctx.rank}: hierarchical: rank {lay.local_ranks[odd]} of its "
-                        f"node: ranks disagree on {said}")  # fmt: skip
+                        f"node: {said}")  # fmt: skip
 
 
-def _window(ctx: Context, lay: Layout, nbytes: int) -> _Window:
+def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) -> _Window:
     # Every rank of the node asks for the same size (same count, dtype and piece),
     # so they agree on when to reallocate; the window only grows.
-    key = ("window", id(lay))
-    win = ctx.extra.get(key)
+    windows = ctx.state(HIERARCHICAL).windows
+    win = windows.get(key)
     if win is None or win.capacity < nbytes:
-        ctx.arrive(lay.node, "hierarchical: allocating the node's window")
+        ctx.arrive(lay.node, "hierarchical: allocating the node's window", timeout)
         if win is not None:
             win.free()
-        win = _Window(lay.node, ctx.sleepy, max(64, -(-nbytes // 64) * 64))
-        ctx.extra[key] = win
+        win = windows[key] = _Window(lay.node, ctx.sleepy, max(64, -(-nbytes // 64) * 64))
     return win
 
 
@@ -387,66 +390,62 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
                     return
 
 
-def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the one-node loop for each lanes dtype."""
-    i64 = numba.typeof(np.zeros(1, np.int64))
-    u8 = numba.typeof(np.zeros(1, np.uint8))
-    for dt in kinds:
-        arr = numba.typeof(np.zeros(1, dt))
-        _one_node.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
-
-
 def _half_types(
-    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+    work: np.ndarray,
+    red: Reduction,
+    ctx: Context,
+    source: np.ndarray | None = None,
+    timeout: float = 0.0,
 ) -> None:
     """The half types: on one node (every contribution folded at once in float32 and
     rounded once, as the ring and shared_memory do), refused across nodes, where
     each node's result would be rounded to 16 bits before the rails fold them."""
-    nodes, _ = node_shape(ctx, *node_settings())
+    nodes, _ = ctx.nodes(current())
     if nodes > 1:
         raise ValueError(
             f"algorithm: 'hierarchical' cannot reduce {red.describe()} with one rounding "
             f"across {nodes} nodes: it rounds once in each node and again across nodes (on "
-            "one node it can); algorithms that can: auto, "
-            + ", ".join(a for a in half_algorithms() if a != "hierarchical")
-            + " (shared_memory on one node only)"
+            f"one node it can); algorithms that can: auto, {listing('half', but='hierarchical')}"
         )
-    hierarchical_allreduce(work, red, ctx, source)
+    hierarchical_allreduce(work, red, ctx, source, timeout)
 
 
-@register("hierarchical", half=_half_types)
 def hierarchical_allreduce(
-    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+    work: np.ndarray,
+    red: Reduction,
+    ctx: Context,
+    source: np.ndarray | None = None,
+    timeout: float = 0.0,
 ) -> None:
     """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
-    k, placement = node_settings()
-    fixed, stores = positive_int("RINGMPI_PIECE_BYTES"), choice("RINGMPI_WINDOW_STORES", STORES)
-    lay = layout(ctx, k, placement)
+    settings = current()
+    key = _nodes_of(settings)
+    lay = layout(ctx, settings, timeout)
     src = work if source is None else source
     dt = work.dtype
     bounds = chunk_bounds(work.size, lay.slices)
     longest = max(b - a for a, b in itertools.pairwise(bounds))
-    way, timing = _choose(ctx, lay, work.nbytes, stores)
-    piece = fixed or PIECE_BYTES
+    way, timing = _choose(ctx, key, work.nbytes, settings.window_stores)
+    piece = settings.piece_bytes or PIECE_BYTES
     # A slot holds a piece's share of a slice, 64-byte aligned; with one piece in
     # all, one set of slots, otherwise two used in turn.
     per = max(1, min(longest, -(-piece // lay.slices // dt.itemsize)))
     per = -(-per * dt.itemsize // 64) * 64 // dt.itemsize
     pieces = max(1, -(-longest // per))  # count 0 still rings, like the flat ring
     sets = 1 if pieces == 1 else 2
-    win = _window(ctx, lay, sets * lay.slices * per * dt.itemsize)
+    win = _window(ctx, key, lay, sets * lay.slices * per * dt.itemsize, timeout)
     shape = (per * dt.itemsize, sets)
     if win.shape != shape:
         # The slots move: nobody may still be reading the last call's (a call with
         # the same slots needs no such step, see below).
         if win.shape is not None:
-            win.sync(ctx, lay, "new window layout")
+            win.sync(ctx, lay, "new window layout", timeout)
         win.shape = shape
     started = MPI.Wtime()
     if lay.nodes == 1:
-        _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
+        _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout)
         if timing is not None:
-            timing.append(_slowest(ctx, lay, MPI.Wtime() - started))
+            timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
         if _trace._active:
             owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
             loaded = owned * (lay.local_size - 1) + work.size - owned
@@ -467,21 +466,20 @@ def hierarchical_allreduce(
         if t > 0:
             go.fold(t - 1)
         if t < pieces:
-            win.sync(ctx, lay, f"publish and fold step {t}")
+            win.sync(ctx, lay, f"publish and fold step {t}", timeout)
         if t == 0:  # every rank sees every announcement: all stop here alike
             odd = _odd_one(win.flags, lay.local_size, work.size, red.tag)
             if odd >= 0:
                 at = odd * _FLAG_CELLS + _ANNOUNCED
                 raise _disagree(ctx, lay, red, work.size, odd, *win.flags[at : at + 2].tolist())
     # AVG sums across nodes and divides once, by the slice's owner.
-    across = reduction(MPI.SUM, dt) if red.name == "avg" else red
+    across = red.partials()
     for j in lay.owned:
         acc = work[bounds[j] : bounds[j + 1]]
         rail = lay.rails[j]
-        rail.timeout = ctx.timeout
         try:
             run_ring(
-                acc, across, rail, algorithm="hierarchical",
+                acc, across, rail, timeout, algorithm="hierarchical",
                 phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
             )  # fmt: skip
         except RingMPIError as exc:
@@ -495,19 +493,19 @@ def hierarchical_allreduce(
         if t > 0:
             go.copy_out(t - 1)
         if t < pieces:
-            win.sync(ctx, lay, f"store and copy-out step {t}")
+            win.sync(ctx, lay, f"store and copy-out step {t}", timeout)
     if timing is not None:
-        timing.append(_slowest(ctx, lay, MPI.Wtime() - started))
+        timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
     if _trace._active:
         _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
 
 
-def _slowest(ctx: Context, lay: Layout, took: float) -> float:
+def _slowest(ctx: Context, lay: Layout, took: float, timeout: float) -> float:
     """The node's slowest time of this call (for the way trials), as a nonblocking
     reduction that gives up after the timeout."""
     slowest = np.zeros(1)
     req = lay.node.Iallreduce(np.array([took]), slowest, op=MPI.MAX)
-    complete(req, ctx, f"rank {ctx.rank}: hierarchical timing trial",
+    complete(req, ctx, timeout, f"rank {ctx.rank}: hierarchical timing trial",
              "the other ranks of its node to finish the call")  # fmt: skip
     return float(slowest[0])
 
@@ -521,13 +519,13 @@ def _streams_out(nbytes: int) -> bool:
     return nbytes >= _STREAM_OUT_FROM
 
 
-def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way) -> None:
+def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout):
     """The one-node call through :func:`_one_node` (one compiled call)."""
     streaming = way == "streaming"
     lanes = red.lanes
     into, frm = lanes(work), lanes(src)
     w = into.size // work.size if work.size else 1  # lanes per element
-    key = ("one-node", work.size, red.tag, per, sets, streaming, ctx.timeout)
+    key = (work.size, red.tag, per, sets, streaming, timeout)
     found = win.calls.get(key)
     if found is None:
         ld = into.dtype
@@ -535,7 +533,7 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
         params[: _TIMEOUT + 1] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
                      lay.slices, per * w, sets, pieces, red.code, int(streaming),
                      int(_streams_out(work.nbytes)), win.handle,
-                     int(win.sleepy), ld.itemsize, round(ctx.timeout * 1e9))  # fmt: skip
+                     int(win.sleepy), ld.itemsize, round(timeout * 1e9))  # fmt: skip
         params[_COUNT], params[_TAG] = work.size, red.tag
         params[_HALF], params[_AVG_BY] = red.half, red.avg_divisor(ctx.size) if red.half else 0
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
@@ -543,23 +541,18 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way)
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
             np.asarray(lay.theirs, np.int64), red.divisor(ctx.size), win.flat.view(ld), scratch,
         )  # fmt: skip
-        if len(win.calls) >= _CALLS_KEPT:
-            win.calls.clear()
-        win.calls[key] = found
+        win.calls.put(key, found)
     params, lanes_bounds, owned, theirs, divisor, window, scratch = found
     _one_node(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
               scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
               params)  # fmt: skip
     if params.item(_LATE) >= 0:
-        raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}")
+        raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}", timeout)
     if params.item(_ODD) >= 0:
         raise _disagree(ctx, lay, red, work.size, *params[_ODD : _ODD_TAG + 1].tolist())
 
 
-_CALLS_KEPT = 64
-
-
-def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
+def _choose(ctx: Context, key: tuple, nbytes: int, stores: str):
     """How this call stores to the window, and the list to time it into, if any.
 
     Ordinary ("cached") stores leave the data a rank writes to the window in its
@@ -579,11 +572,11 @@ def _choose(ctx: Context, lay: Layout, nbytes: int, stores: str):
         return stores, None
     if nbytes < _TIMED_FROM:
         return "cached", None
-    key = ("stores", id(lay), nbytes.bit_length())
-    state = ctx.extra.get(key)
-    if state is None:
-        state = ctx.extra[key] = _Choice(watch=nbytes >= _STREAM_OUT_FROM)
-    return state.next()
+    choices = ctx.state(HIERARCHICAL).choices
+    trials = choices.get((key, nbytes.bit_length()))
+    if trials is None:
+        trials = choices[(key, nbytes.bit_length())] = _Choice(watch=nbytes >= _STREAM_OUT_FROM)
+    return trials.next()
 
 
 def window_choice(ctx: Context, nbytes: int) -> tuple[str, dict[str, float]] | None:
@@ -591,9 +584,10 @@ def window_choice(ctx: Context, nbytes: int) -> tuple[str, dict[str, float]] | N
     trials may have started over since): the way it stores to the window and each
     way's fastest counted trial (seconds); None where it did not time (below
     _TIMED_FROM, a way forced, trials not finished yet)."""
-    lay = ctx.extra.get(("layout", *node_settings()))
-    state = None if lay is None else ctx.extra.get(("stores", id(lay), nbytes.bit_length()))
-    return None if state is None else state.settled
+    state = ctx.peek("hierarchical")
+    trials = None if state is None else state.choices.get((_nodes_of(current()),
+                                                           nbytes.bit_length()))  # fmt: skip
+    return None if trials is None else trials.settled
 
 
 class _Choice:
@@ -701,3 +695,46 @@ class _Pieces:
             at = (j % self.lay.local_size) * self.stride + off
             copy(self.work[lo:hi], self.window[at : at + hi - lo], self.stream_out)
             self.loaded += hi - lo
+
+
+# The buffer's bytes per node_step in the model: the unit its constants (tuning.DEFAULTS,
+# CROWDED) were fitted with, twice the pipeline's PIECE_BYTES.
+_MODEL_STEP = 2 * PIECE_BYTES
+
+
+def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
+    """The node phase (a call, a node synchronisation per pipeline step, each byte of
+    the buffer) and, across nodes, the ring over the M nodes on n/L bytes."""
+    if p <= 1:
+        return {"call": 1.0}
+    pieces = max(1, math.ceil(n / _MODEL_STEP))
+    steps = pieces + 2 if nodes == 1 else 2 * (pieces + 1)
+    t = {"node_call": 1.0, "node_step": float(steps), "node_byte": n if per_node > 1 else 0.0}
+    if nodes > 1:
+        across = ring_terms(n / per_node, nodes)
+        t.update({k: v for k, v in across.items() if k != "call"})
+    return t
+
+
+def warm(kinds) -> None:
+    """Compile (or load from Numba's cache) the one-node loop for each lanes dtype."""
+    i64 = numba.typeof(np.zeros(1, np.int64))
+    u8 = numba.typeof(np.zeros(1, np.uint8))
+    for dt in kinds:
+        arr = numba.typeof(np.zeros(1, dt))
+        _one_node.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
+
+
+# Where ranks crowd the cores (8 or more per core) every node synchronisation polls
+# and sleeps: the model's constants do not hold there, and auto keeps to the
+# algorithms that only exchange messages.
+HIERARCHICAL = register(
+    "hierarchical",
+    hierarchical_allreduce,
+    terms=terms,
+    crowded=False,
+    half=_half_types,
+    half_one_node=True,
+    state=_State,
+    warm=warm,
+)

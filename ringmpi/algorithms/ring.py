@@ -55,15 +55,95 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import _engine
+from .._cache import Bounded
 from .._comm import Context
-from ..kernels import Reduction, copy
-from ..plans import direct_slots
-from ..schedule import chunk_bounds
-from . import register
+from .._copy import copy
+from ..kernels import Reduction
+from ..plans import FINAL, REDUCE, STORE, Plan, Rows
+from ..schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
+from .registry import register
+
+__all__ = ["all_gather", "direct_exchange", "direct_slots", "ring", "run_ring", "terms"]
+
+DIRECT_EXCHANGE = "direct-exchange"
+
+
+def ring(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+    """The ring: rank r sends to r + 1 and receives from r - 1 (see ringmpi.schedule)."""
+    rows = Rows(nranks, rank)
+    bounds = chunk_bounds(count, nranks)
+    right, left = (rank + 1) % nranks, (rank - 1) % nranks
+    for st in ring_steps(nranks, rank):
+        s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
+        r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
+        action = (REDUCE | (FINAL if st.last else 0)) if st.phase == REDUCE_SCATTER else STORE
+        rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0), action)
+    return rows.plan(count)
+
+
+def direct_exchange(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+    """The half types' reduce-scatter: inputs, not partials, go to a chunk's owner.
+
+    Rank r finishes chunk (r + 1), as after the ring's reduce-scatter (so the
+    ring's all-gather follows unchanged). In step s = 1 .. N-1 rank r sends its
+    own input's chunk (r + 1 + s) to that chunk's owner, rank (r + s), and stores
+    what rank (r - s) sends -- rank (r - s)'s input for chunk (r + 1) -- in slot
+    s - 1, at element ``count + (s - 1) * L`` of the working buffer (L the
+    chunk's length): the buffer holds the input, then N - 1 slots. Every step is
+    a permutation (each rank sends one chunk and receives one), N - 1 steps
+    sending (N-1)/N of the buffer per rank: the ring's reduce-scatter's bytes and
+    steps. The owner then folds its own chunk and the N - 1 slots in rank order
+    (:func:`direct_slots`).
+    """
+    rows = Rows(nranks, rank)
+    bounds = chunk_bounds(count, nranks)
+    mine = (rank + 1) % nranks
+    length = bounds[mine + 1] - bounds[mine]
+    for s in range(1, nranks):
+        theirs = (rank + 1 + s) % nranks
+        send = ((rank + s) % nranks, bounds[theirs], bounds[theirs + 1] - bounds[theirs])
+        recv = ((rank - s) % nranks, count + (s - 1) * length, length)
+        rows.add(DIRECT_EXCHANGE, s - 1, send, recv)
+    return rows.plan(count)
+
+
+def direct_slots(nranks: int, rank: int, count: int) -> np.ndarray:
+    """Where rank k's contribution to the chunk rank ``rank`` finishes starts in the
+    working buffer of :func:`direct_exchange`, for k = 0 .. N-1 (rank order)."""
+    bounds = chunk_bounds(count, nranks)
+    mine = (rank + 1) % nranks
+    length = bounds[mine + 1] - bounds[mine]
+    return np.array([bounds[mine] if k == rank else count + ((rank - k) % nranks - 1) * length
+                     for k in range(nranks)], np.int64)  # fmt: skip
+
+
+def all_gather(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+    """The ring's all-gather alone (rank r starts with chunk r + 1 finished)."""
+    rows = Rows(nranks, rank)
+    bounds = chunk_bounds(count, nranks)
+    right, left = (rank + 1) % nranks, (rank - 1) % nranks
+    for st in ring_steps(nranks, rank):
+        if st.phase != REDUCE_SCATTER:
+            s0, s1 = bounds[st.send_chunk], bounds[st.send_chunk + 1]
+            r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
+            rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0))
+    return rows.plan(count)
+
+
+def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
+    """2(p-1) alpha + 2n(p-1)/p beta + n(p-1)/p gamma."""
+    if p <= 1:
+        return {"call": 1.0}
+    return {"call": 1.0, "alpha": 2.0 * (p - 1), "beta": 2 * n * (p - 1) / p,
+            "gamma": n * (p - 1) / p}  # fmt: skip
 
 
 def ring_half(
-    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+    work: np.ndarray,
+    red: Reduction,
+    ctx: Context,
+    source: np.ndarray | None = None,
+    timeout: float = 0.0,
 ) -> None:
     """The ring for the half types: inputs exchanged directly, one rounding, all-gather."""
     n = work.size
@@ -72,16 +152,16 @@ def ring_half(
         if source is not None:
             copy(out, src)
         return
-    mine = _Half.of(ctx, n)
+    mine = ctx.state(RING).chunk(ctx, n)
     # Sends read the input where it lies; the other ranks' contributions to the chunk
     # this rank finishes land in N - 1 slots, folded segment by segment as they arrive.
     slots = ctx.scratch(2 * mine.slots).view(np.uint16)
-    _engine.run_half(ctx.plan("direct_exchange", n), out, src, slots, mine.starts, mine.lo, red,
-                     ctx, "ring")  # fmt: skip
-    _engine.run(ctx.plan("all_gather", n), out, red, ctx, "ring")
+    _engine.run_half(ctx.plan(direct_exchange, n, 2), out, src, slots, mine.starts, mine.lo, red,
+                     ctx, "ring", timeout)  # fmt: skip
+    _engine.run(ctx.plan(all_gather, n, 2), out, red, ctx, "ring", timeout)
 
 
-class _Half:
+class _Chunk:
     """Per count: the chunk this rank finishes, where each rank's contribution to it
     lies (the input below the count, the slots from it on), the slots' length."""
 
@@ -92,39 +172,28 @@ class _Half:
         self.starts = direct_slots(ctx.size, ctx.rank, n)
         self.slots = (ctx.size - 1) * (self.hi - self.lo)
 
-    @staticmethod
-    def of(ctx: Context, n: int) -> _Half:
-        cache = ctx.extra.get("ring_half")
-        if cache is None:
-            cache = ctx.extra["ring_half"] = _Counts()
-        found = cache.get(n)
+
+class _State:
+    """The ring's state on a communicator: the half types' chunks, per count."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.chunks: Bounded[int, _Chunk] = Bounded(64)
+
+    def chunk(self, ctx: Context, n: int) -> _Chunk:
+        found = self.chunks.get(n)
         if found is None:
-            if len(cache) >= _KEPT:
-                cache.clear()
-            found = cache[n] = _Half(ctx, n)
+            found = self.chunks.put(n, _Chunk(ctx, n))
         return found
 
-
-class _Counts(dict):
     def free(self) -> None:
-        self.clear()
-
-
-_KEPT = 64
-
-
-@register("ring", plan="ring", half=ring_half)
-def ring_allreduce(
-    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
-) -> None:
-    """Ring all-reduce: reduce-scatter then all-gather with the ring neighbours, pipelined."""
-    run_ring(work, red, ctx, source=source)
+        self.chunks.clear()
 
 
 def run_ring(
     work: np.ndarray,
     red: Reduction,
     ctx: Context,
+    timeout: float = 0.0,
     *,
     algorithm: str = "ring",
     phase_prefix: str = "",
@@ -136,5 +205,15 @@ def run_ring(
     ``peers`` maps ranks of ``ctx`` to the ranks of the caller's communicator, so
     the trace and the error messages name ranks the user knows.
     """
-    _engine.run(ctx.plan("ring", work.size), work, red, ctx, algorithm,
+    _engine.run(ctx.plan(ring, work.size, red.dtype.itemsize), work, red, ctx, algorithm, timeout,
                 prefix=phase_prefix, peers=peers, source=source)  # fmt: skip
+
+
+RING = register(
+    "ring",
+    plan=ring,
+    terms=terms,
+    summary="Ring all-reduce: reduce-scatter then all-gather with the ring neighbours, pipelined.",
+    half=ring_half,
+    state=_State,
+)

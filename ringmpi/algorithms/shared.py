@@ -30,16 +30,20 @@ the communicator on one node; ``auto`` offers it only there.
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
 from .. import _trace
 from .._capi import handle, mpi_win_sync, store_release
-from .._comm import Context, timed_out
+from .._comm import Context, disagreement, timed_out
 from .._errors import RingMPIError
+from .._half import fold_half_parts
+from .._ops import combine_by_code, divide_by
 from .._shm import await_flags, node_window
-from ..kernels import Reduction, combine_by_code, decode_tag, divide_by, fold_half_parts
-from . import register
+from ..kernels import Reduction
+from .registry import register
 
 __all__ = ["SET_BYTES", "prepare", "warm"]
 
@@ -125,9 +129,22 @@ def warm(kinds) -> None:
 
 
 class _Node:
-    """The communicator's window: per local rank a header and two sets of SET_BYTES."""
+    """The communicator's window (per local rank a header and two sets of SET_BYTES),
+    allocated by the first call, and each call shape's fixed numbers."""
 
     def __init__(self, ctx: Context) -> None:
+        self.win = None
+        self.calls: dict[tuple[int, float], tuple] = {}  # (tag, timeout) -> _shape's
+
+    def open(self, ctx: Context, timeout: float) -> None:
+        """Allocate the window (collective over the node, once)."""
+        if ctx.node.Get_size() != ctx.size:
+            raise ValueError(
+                "algorithm 'shared_memory' needs every rank of the communicator on one node "
+                f"(one shared-memory domain); rank {ctx.rank}'s node holds "
+                f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, ring or hierarchical"
+            )
+        ctx.arrive(ctx.node, "shared_memory: allocating the node's window", timeout)
         self.node = ctx.node
         self.capacity = _HEADER + 2 * SET_BYTES
         self.win, flat = node_window(ctx.node, self.capacity)
@@ -139,64 +156,45 @@ class _Node:
         ctx.barrier()
         self.win.Sync()
         self.handle = handle(self.win)
-        # (red.tag, timeout) -> (params, divisor, data view, lanes)
-        self.calls: dict[tuple[int, float], tuple] = {}
 
     def free(self) -> None:
+        self.calls.clear()
+        if self.win is None:
+            return
         self.node.Barrier()  # nobody still reads it
         self.flat = self.flags = None
-        self.calls.clear()
         self.win.Unlock_all()
         self.win.Free()
+        self.win = None
 
 
-def _node(ctx: Context) -> _Node:
-    found = ctx.extra.get("shared_memory")
-    if found is None:
-        if ctx.node.Get_size() != ctx.size:
-            raise ValueError(
-                "algorithm 'shared_memory' needs every rank of the communicator on one node "
-                f"(one shared-memory domain); rank {ctx.rank}'s node holds "
-                f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, ring or hierarchical"
-            )
-        ctx.arrive(ctx.node, "shared_memory: allocating the node's window")
-        found = ctx.extra["shared_memory"] = _Node(ctx)
-    return found
-
-
-def _state(red: Reduction, ctx: Context) -> tuple:
-    """(params, divisor, window as the lanes' dtype, split) of ``red`` on ``ctx``."""
-    node = _node(ctx)
-    key = (red.tag, ctx.timeout)
+def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
+    """(node, params, divisor, window as the lanes' dtype, split) of ``red`` on ``ctx``."""
+    node = ctx.state(SHARED_MEMORY)
+    key = (red.tag, timeout)
     found = node.calls.get(key)
     if found is None:
+        if node.win is None:
+            node.open(ctx, timeout)
         lanes = red.lanes(np.zeros(0, red.dtype)).dtype
         isz = lanes.itemsize
         params = np.zeros(_NPARAMS + 4, np.int64)
         params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                              _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
-                             int(ctx.sleepy), node.handle, round(ctx.timeout * 1e9), red.half,
+                             int(ctx.sleepy), node.handle, round(timeout * 1e9), red.half,
                              red.avg_divisor(ctx.size))  # fmt: skip
         split = lanes != red.dtype
-        found = node.calls[key] = (params, red.divisor(ctx.size), node.flat.view(lanes), split)
+        found = (node, params, red.divisor(ctx.size), node.flat.view(lanes), split)
+        node.calls[key] = found
     return found
 
 
-def _run(fn, work, source, red: Reduction, ctx: Context) -> None:
-    params, divisor, data, split = _state(red, ctx)
-    if split:
-        work, source = red.lanes(work), red.lanes(source)
-    fn(work, source, data, ctx.extra["shared_memory"].flags, params, divisor)
-    if params.item(_NPARAMS):
-        _raise(params[_NPARAMS:], work, red, ctx)
-
-
-def prepare(red: Reduction, ctx: Context):
+def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
     """``again(work, source)``: the all-reduce of ``red`` on ``ctx`` once more, for a
     call that repeats (the same arrays each time): it calls the compiled loop's
     entry point for their types, bound at the first call, past Numba's dispatcher."""
-    params, divisor, data, split = _state(red, ctx)
-    flags, lanes, report = ctx.extra["shared_memory"].flags, red.lanes, params[_NPARAMS:]
+    node, params, divisor, data, split = _shape(red, ctx, timeout)
+    flags, lanes, report = node.flags, red.lanes, params[_NPARAMS:]
     entry = None
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
@@ -208,35 +206,59 @@ def prepare(red: Reduction, ctx: Context):
             entry = _allreduce.compile(tuple(numba.typeof(a) for a in args))
         entry(work, source, data, flags, params, divisor)
         if report.item(0):
-            _raise(report, work, red, ctx)
+            _raise(report, work, red, ctx, timeout)
 
     return again
 
 
-def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context) -> None:
+def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context,
+           timeout: float) -> None:  # fmt: skip
     what, r, their_n, their_tag = (int(x) for x in report)
     if what == _TIMED_OUT:
-        raise timed_out(ctx, f"rank {ctx.rank}: shared_memory publish piece {their_n}",
+        raise timed_out(ctx, timeout, f"rank {ctx.rank}: shared_memory publish piece {their_n}",
                         f"rank {r} to publish its piece {their_n}")  # fmt: skip
     per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element
-    said = []
-    if their_n != lanes.size:
-        said.append(f"count: {their_n // per} there, {lanes.size // per} here")
-    (their_op, their_dt), (my_op, my_dt) = decode_tag(their_tag), decode_tag(red.tag)
-    if their_op != my_op:
-        said.append(f"op: {their_op} there, {my_op} here")
-    if their_dt != my_dt:
-        said.append(f"dtype: {their_dt} there, {my_dt} here")
-    raise RingMPIError(
-        f"rank {ctx.rank}: shared_memory: rank {r}'s slot: ranks disagree on " + "; ".join(said)
-    )
+    said = disagreement(their_n // per, lanes.size // per, their_tag, red.tag)
+    raise RingMPIError(f"rank {ctx.rank}: shared_memory: rank {r}'s slot: {said}")
 
 
-@register("shared_memory", prepare=prepare, half=True)
 def shared_memory_allreduce(
-    work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None
+    work: np.ndarray,
+    red: Reduction,
+    ctx: Context,
+    source: np.ndarray | None = None,
+    timeout: float = 0.0,
 ) -> None:
     """Shared memory on one node: every rank folds all contributions from the node's window."""
-    _run(_allreduce, work, work if source is None else source, red, ctx)
+    node, params, divisor, data, split = _shape(red, ctx, timeout)
+    into, frm = work, work if source is None else source
+    if split:
+        into, frm = red.lanes(into), red.lanes(frm)
+    _allreduce(into, frm, data, node.flags, params, divisor)
+    if params.item(_NPARAMS):
+        _raise(params[_NPARAMS:], into, red, ctx, timeout)
     if _trace._active:
         _trace.record_shared(written=work.nbytes, read=(ctx.size - 1) * work.nbytes)
+
+
+def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
+    """2 k p shm_wait + n p shm_byte: k pieces of SET_BYTES, each a flag per rank twice."""
+    if p <= 1:
+        return {"call": 1.0}
+    pieces = max(1, math.ceil(n / SET_BYTES))
+    return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * p}
+
+
+# Every rank folds the slots in local-rank order, and its node is the whole
+# communicator, split with the rank as key: the communicator's rank order.
+SHARED_MEMORY = register(
+    "shared_memory",
+    shared_memory_allreduce,
+    terms=terms,
+    keeps_order=True,
+    one_node=True,
+    half=shared_memory_allreduce,
+    state=_Node,
+    prepare=prepare,
+    warm=warm,
+)

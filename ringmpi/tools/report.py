@@ -1,4 +1,4 @@
-"""``python -m ringmpi.report``: the command line's JSON results merged into one table.
+"""``python -m ringmpi report``: the command line's JSON results merged into one table.
 
 Each file is what ``python -m ringmpi.allreduce --json FILE`` wrote (a header and
 rows), possibly stamped with the Slurm job that made it (``header["job"]``, written by
@@ -6,8 +6,8 @@ the jobs/ scripts). The table has one line per (file, size, algorithm), sorted b
 size, algorithm and layout, so that the same algorithm at 1, 2, 4 ... nodes reads
 down one block::
 
-    python -m ringmpi.report results/*.json
-    python -m ringmpi.report results/scaling-*.json --markdown --plot scaling.png
+    python -m ringmpi report results/*.json
+    python -m ringmpi report results/scaling-*.json --markdown --plot scaling.png
 
 ``nodes`` is the node count the hierarchical algorithm saw: real nodes, or with a
 ``*`` nodes emulated by ``RINGMPI_RANKS_PER_NODE`` inside fewer real ones. The exit
@@ -22,6 +22,9 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import prog
+from ._units import format_size
 
 __all__ = ["Line", "main", "merge", "render"]
 
@@ -95,16 +98,9 @@ def merge(paths: list[str | Path]) -> list[Line]:
     return sorted(lines, key=lambda x: (x.size, x.algorithm, x.ranks, x.nodes, x.run))
 
 
-def _human(nbytes: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)
-
-
 def _cells(line: Line) -> list[str]:
     return [
-        _human(line.size), line.algorithm, str(line.ranks),
+        format_size(line.size), line.algorithm, str(line.ranks),
         f"{line.nodes}{'*' if line.emulated else ''}", f"{line.time_us:.1f}",
         f"{line.busbw:.3f}", "N/A" if line.wrong < 0 else str(line.wrong),
         "-" if line.steps is None else str(line.steps), line.run, line.host, line.commit,
@@ -169,7 +165,7 @@ def plot(lines: list[Line], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ringmpi.report",
+        prog=prog("report"),
         description="Merge python -m ringmpi.allreduce --json results into one table.",
     )
     parser.add_argument("files", nargs="+", metavar="FILE.json")
@@ -195,7 +191,3 @@ def main(argv: list[str] | None = None) -> int:
         plot(lines, args.plot)
         print(f"{'' if args.markdown else '# '}plot written to {args.plot}")
     return 1 if wrong else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``mpirun -n N python -m ringmpi.tune``: measure the cost model's constants here.
+"""``mpirun -n N python -m ringmpi tune``: measure the cost model's constants here.
 
 Times every algorithm ``auto`` chooses among at sizes from ``-b`` to ``-e``
 (interleaved, median of the slowest rank's times), then fits the constants of
@@ -23,12 +23,14 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, tuning
-from ._cli import _size
-from ._comm import context
-from ._errors import abort_on_error
-from .algorithms.hierarchical import layout, node_settings
-from .kernels import reduction
+from ringmpi import algorithms, tuning
+from ringmpi._comm import context
+from ringmpi._errors import abort_on_error
+from ringmpi.algorithms.hierarchical import layout
+from ringmpi.kernels import reduction
+
+from . import prog
+from ._units import parse_size
 
 __all__ = ["fit", "main", "measure"]
 
@@ -96,7 +98,7 @@ def _solve(rows: list[tuple[dict[str, float], float, float]], names: tuple[str, 
 
 def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs:
     """The constants that best predict ``measured`` (see the module docstring)."""
-    engine = [(tuning.terms(m["algorithm"], m["bytes"], p), m["seconds"], 0.0)
+    engine = [(algorithms.get(m["algorithm"]).terms(m["bytes"], p), m["seconds"], 0.0)
               for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
     first = _solve(engine, _ENGINE_TERMS)
     partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})
@@ -104,15 +106,15 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
     node_rows = []
     for m in measured:
         if m["algorithm"] == "hierarchical":
-            t = tuning.terms("hierarchical", m["bytes"], p, nodes, per_node)
-            across = tuning.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
+            t = algorithms.get("hierarchical").terms(m["bytes"], p, nodes, per_node)
+            across = algorithms.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
             node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"], across))
     second = _solve(node_rows, _NODE_TERMS) if node_rows else {}
     # shared_memory: its own constants over the per-call cost fitted above
     shm_rows = []
     for m in measured:
         if m["algorithm"] == "shared_memory":
-            t = tuning.terms("shared_memory", m["bytes"], p)
+            t = algorithms.get("shared_memory").terms(m["bytes"], p)
             shm_rows.append(({k: t[k] for k in _SHM_TERMS}, m["seconds"], first["call"]))
     third = _solve(shm_rows, _SHM_TERMS) if shm_rows else {}
     shm = {k: third.get(k, getattr(tuning.DEFAULTS, k)) for k in _SHM_TERMS}
@@ -121,13 +123,13 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ringmpi.tune",
+        prog=prog("tune"),
         description="Measure the cost model's constants on this machine and layout; write them "
         "as JSON for RINGMPI_TUNING.",
     )
     parser.add_argument("-o", "--output", default="ringmpi-tuning.json", help="the JSON file")
-    parser.add_argument("-b", "--minbytes", type=_size, default=8)
-    parser.add_argument("-e", "--maxbytes", type=_size, default=64 << 20)
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
     parser.add_argument("-f", "--stepfactor", type=int, default=4)
     parser.add_argument("-n", "--iters", type=int, default=20, help="calls per size (at most)")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per size (about)")
@@ -139,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes.append(s)
         s *= args.stepfactor
     ctx = context(comm)
-    lay = layout(ctx, *node_settings())
+    lay = layout(ctx)
     measured = measure(comm, sizes, args.iters, args.budget)
     costs = fit(measured, comm.Get_size(), lay.nodes, lay.slices)
     for m in measured:
         if m["algorithm"] != "mpi":
-            m["predicted"] = tuning.predict(costs, m["algorithm"], m["bytes"], comm.Get_size(),
-                                            lay.nodes, lay.slices)  # fmt: skip
+            m["predicted"] = algorithms.predict(costs, m["algorithm"], m["bytes"], comm.Get_size(),
+                                                lay.nodes, lay.slices)  # fmt: skip
     if comm.Get_rank() == 0:
         lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
         result = {
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             "host": socket.gethostname(),
             "date": datetime.date.today().isoformat(),
             "mpi_library": lib,
-            "command": "python -m ringmpi.tune " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python -m ringmpi tune " + " ".join(sys.argv[1:] if argv is None else argv),
             "measured": measured,
         }
         with open(args.output, "w") as fh:
@@ -168,7 +170,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {m['bytes']:>10} {m['algorithm']:>19} {m['seconds'] * 1e6:10.1f} {pred}")
         print(f"# written to {args.output}; use it with RINGMPI_TUNING={args.output}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""``python -m ringmpi.scaling``: the cost model taken beyond one machine, on paper.
+"""``python -m ringmpi scaling``: the cost model taken beyond one machine, on paper.
 
 The model is :mod:`ringmpi.tuning`'s, called, not copied: for M nodes of L
 ranks (N = M L ranks) and n bytes,
@@ -33,7 +33,10 @@ import json
 import math
 import sys
 
-from . import tuning
+from ringmpi import algorithms, tuning
+
+from . import prog
+from ._units import format_size, parse_size
 
 __all__ = ["FABRIC", "Fabric", "busbw", "check", "costs_for", "fit_fabric", "main", "pingpong",
            "predict", "predict_grid"]  # fmt: skip
@@ -70,7 +73,7 @@ def costs_for(nodes: int, per_node: int, fabric: Fabric = FABRIC, node: tuning.C
 
 def predict(costs: tuning.Costs, algorithm: str, n: float, nodes: int, per_node: int,
             shared_nic: bool = False) -> float:  # fmt: skip
-    """:func:`tuning.predict` for ``nodes`` nodes of ``per_node`` ranks.
+    """:func:`ringmpi.algorithms.predict` for ``nodes`` nodes of ``per_node`` ranks.
 
     ``shared_nic``: the L rails of hierarchical share one link per node (as the
     hosts of cluster/hosts-up.sh --rate do), so each rail's bytes cost L beta;
@@ -78,7 +81,7 @@ def predict(costs: tuning.Costs, algorithm: str, n: float, nodes: int, per_node:
     """
     if shared_nic and algorithm == "hierarchical" and nodes > 1:
         costs = dataclasses.replace(costs, beta=costs.beta * per_node)
-    return tuning.predict(costs, algorithm, n, nodes * per_node, nodes, per_node)
+    return algorithms.predict(costs, algorithm, n, nodes * per_node, nodes, per_node)
 
 
 def busbw(n: float, p: int, seconds: float) -> float:
@@ -109,13 +112,6 @@ def predict_grid(
     return rows
 
 
-def _size(n: float) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{int(n)} B"
-
-
 def _time(t: float) -> str:
     if t >= 1:
         return f"{t:.2f} s"
@@ -135,7 +131,8 @@ def table(rows: list[dict], markdown: bool = False) -> str:
     head.append("fastest")
     body = []
     for r in rows:
-        cells = [_size(r["bytes"]), f"{r['nodes']} x {r['per_node']}", str(r["ranks"])]
+        size = format_size(r["bytes"], long=True)
+        cells = [size, f"{r['nodes']} x {r['per_node']}", str(r["ranks"])]
         cells += [_time(r[a]["seconds"]) for a in ALGORITHMS]
         cells += [_bw(r[a]["busbw"]) for a in ALGORITHMS]
         cells.append(r["best"])
@@ -184,7 +181,7 @@ def check(runs: list[dict], fabric: Fabric = FABRIC, node: tuning.Costs | None =
 
 def check_table(rows: list[dict], markdown: bool = False) -> str:
     head = ["nodes x ranks", "size", "algorithm", "predicted", "measured", "measured/predicted"]
-    body = [[f"{r['nodes']} x {r['per_node']}", _size(r["bytes"]), r["algorithm"],
+    body = [[f"{r['nodes']} x {r['per_node']}", format_size(r["bytes"], long=True), r["algorithm"],
              _time(r["predicted"]), _time(r["measured"]), f"{r['ratio']:.2f}"]
             for r in rows]  # fmt: skip
     return _render(head, body, markdown)
@@ -211,7 +208,7 @@ def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None
         sub = [r for r in rows if r["bytes"] == n]
         for a in ALGORITHMS:
             ax.loglog([r["ranks"] for r in sub], [r[a]["seconds"] for r in sub], style[a], label=a)
-        ax.set_title(f"{_size(n)}: predicted time")
+        ax.set_title(f"{format_size(n, long=True)}: predicted time")
         ax.set_xlabel("ranks (8 per node)")
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)
@@ -220,7 +217,7 @@ def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None
     for a in ALGORITHMS:
         ax.semilogx([r["ranks"] for r in big], [r[a]["busbw"] / 1e9 for r in big], style[a],
                     label=a)  # fmt: skip
-    ax.set_title(f"{_size(sizes[-1])}: predicted busbw")
+    ax.set_title(f"{format_size(sizes[-1], long=True)}: predicted busbw")
     ax.set_xlabel("ranks (8 per node)")
     ax.set_ylabel("GB/s")
     ax.grid(True, which="both", alpha=0.3)
@@ -310,7 +307,7 @@ def pingpong(path: str, minbytes: int, maxbytes: int, rounds: int, argv: list[st
     with open(path, "w") as fh:
         json.dump({"fabric": dataclasses.asdict(fabric), "date": datetime.date.today().isoformat(),
                    "mpi_library": lib, "hosts": hosts,
-                   "command": "python -m ringmpi.scaling " + " ".join(argv),
+                   "command": "python -m ringmpi scaling " + " ".join(argv),
                    "measured": measured}, fh, indent=1)  # fmt: skip
     print(f"# fabric: alpha {fabric.alpha * 1e6:.2f} us, beta {fabric.beta * 1e9:.4f} ns/B "
           f"({1 / fabric.beta / 1e9 if fabric.beta else math.inf:.3g} GB/s)")  # fmt: skip
@@ -324,7 +321,7 @@ def pingpong(path: str, minbytes: int, maxbytes: int, rounds: int, argv: list[st
 
 
 def _node_costs(path: str | None) -> tuning.Costs | None:
-    """The in-node constants of a tuning file (python -m ringmpi.tune), or None."""
+    """The in-node constants of a tuning file (python -m ringmpi tune), or None."""
     if path is None:
         return None
     with open(path) as fh:
@@ -346,10 +343,8 @@ def _fabric(args: argparse.Namespace) -> Fabric:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._cli import _size as size_arg  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(
-        prog="python -m ringmpi.scaling",
+        prog=prog("scaling"),
         description="Predict time and busbw of ring, hierarchical and recursive doubling from "
         "64 to 4,096 ranks with the cost model; check it against measured runs; measure the "
         "fabric's alpha and beta (--pingpong, under mpirun -n 2).",
@@ -357,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tuning",
         metavar="FILE",
-        help="in-node constants (python -m ringmpi.tune); default: untuned",
+        help="in-node constants (python -m ringmpi tune); default: untuned",
     )
     parser.add_argument("--fabric", metavar="FILE", help="alpha and beta from --pingpong")
     parser.add_argument("--alpha", type=float, help="fabric seconds per message (overrides)")
@@ -381,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="measure the fabric (2 ranks, one per host) and write it here",
     )
-    parser.add_argument("-b", "--minbytes", type=size_arg, default=8)
-    parser.add_argument("-e", "--maxbytes", type=size_arg, default=16 << 20)
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=16 << 20)
     parser.add_argument("--rounds", type=int, default=15, help="ping-pong rounds")
     args = parser.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -426,7 +421,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         print(f"# plot written to {args.plot}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,12 +1,12 @@
 """Faults, run for real: a rank killed, a rank that raises, a rank that never arrives.
 
-``python -m ringmpi.reliability`` launches each case under ``mpirun`` (one job
+``python -m ringmpi reliability`` launches each case under ``mpirun`` (one job
 per algorithm and fault), measures how long the job takes to end after the
 fault and whether its output names the culprit, and prints the table of
 docs/reliability.md (``--write FILE`` replaces the table between the file's
 markers). tests/test_faults.py runs the same cases and asserts on them.
 
-Each job (``python -m ringmpi._reliability_job ALGORITHM FAULT CULPRIT``) calls
+Each job (``python -m ringmpi.tools._reliability_job fault ALGORITHM FAULT CULPRIT``) calls
 :func:`ringmpi.abort_on_error` and runs all-reduces of 8 MiB in a loop with
 ``RINGMPI_TIMEOUT`` set; the culprit rank, after the first call,
 
@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import prog
+
 __all__ = ["ALGORITHMS", "FAULTS", "Outcome", "launch", "main"]
 
 FAULTS = ("kill", "raise", "sleep")
@@ -58,6 +60,7 @@ TIMEOUT = 3.0  # RINGMPI_TIMEOUT of the jobs, seconds
 _LIMIT = 180.0  # a job still running this long after the fault has hung
 BIG = 5 * 2**29  # bytes of int8 of --big: 2.5 GiB, past 2^31 elements and bytes
 STRESS = ("tiny", "overhead", "interleaved", "user", "big")
+_JOB = "ringmpi.tools._reliability_job"  # the MPI side, run under mpirun
 
 
 @dataclass
@@ -93,7 +96,7 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     """Run one fault job of ``case`` (a key of :data:`ALGORITHMS`) and judge it."""
     algorithm, settings = ALGORITHMS[case]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TIMEOUT": repr(timeout), **settings}
-    cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", "ringmpi._reliability_job",
+    cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", _JOB,
            "fault", algorithm, fault, str(CULPRIT)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)  # fmt: skip
@@ -129,7 +132,7 @@ def measured(nranks: int = 3, *job: str) -> list[dict]:
     default the mismatch, value, stress and overhead cases): one dict per case, as
     the job's rank 0 printed them."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
-    cmd = [*mpirun(), "-n", str(nranks), sys.executable, "-m", "ringmpi._reliability_job",
+    cmd = [*mpirun(), "-n", str(nranks), sys.executable, "-m", _JOB,
            *(job or ("measure",))]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800,
                           check=False)  # fmt: skip
@@ -237,7 +240,7 @@ def _replace(doc: str, name: str, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ringmpi.reliability", description=__doc__)
+    p = argparse.ArgumentParser(prog=prog("reliability"), description=__doc__)
     p.add_argument("--write", metavar="FILE", help="replace the tables in FILE (between markers)")
     p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"RINGMPI_TIMEOUT ({TIMEOUT})")
     p.add_argument("--big", action="store_true",
@@ -277,7 +280,3 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if r["family"] == "mismatch" and (r["returned"] or not r["intact"])]
     bad += [r for r in rows if r.get("wrong") or r.get("right") is False or r.get("wraps") is False]
     return 0 if all(o.ok for o in outcomes) and not bad else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

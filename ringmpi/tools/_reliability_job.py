@@ -1,7 +1,7 @@
-"""The MPI side of :mod:`ringmpi.reliability`, run under mpirun:
+"""The MPI side of :mod:`ringmpi.tools.reliability`, run under mpirun:
 
-- ``python -m ringmpi._reliability_job fault ALGORITHM FAULT CULPRIT``: one fault job;
-- ``python -m ringmpi._reliability_job measure``: the mismatch, stress and overhead
+- ``python -m ringmpi.tools._reliability_job fault ALGORITHM FAULT CULPRIT``: one fault job;
+- ``python -m ringmpi.tools._reliability_job measure``: the mismatch, stress and overhead
   cases, measured; rank 0 prints one ``RESULT {json}`` line per case.
 """
 
@@ -27,7 +27,7 @@ WORLD = MPI.COMM_WORLD
 
 
 def fault(algorithm: str, kind: str, culprit: int) -> None:
-    """One rank of a fault job (see :mod:`ringmpi.reliability`)."""
+    """One rank of a fault job (see :mod:`ringmpi.tools.reliability`)."""
     ringmpi.abort_on_error()
     print(f"rank {WORLD.rank} pid {os.getpid()}", flush=True)
     x = np.ones(_COUNT)

@@ -1,4 +1,6 @@
-"""``python -m ringmpi.allreduce``: benchmark and verify, in nccl-tests' vocabulary.
+"""``python -m ringmpi allreduce``: benchmark and verify, in nccl-tests' vocabulary.
+
+``python -m ringmpi.allreduce``, the design card's command, runs it too.
 
 Every row is one (size, algorithm): the median time of ``-n`` timed calls (the
 slowest rank's median), algbw = bytes / time, busbw = algbw * 2(N-1)/N, the
@@ -12,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,33 +24,27 @@ import numpy as np
 from mpi4py import MPI
 
 import ringmpi
+from ringmpi import _settings, _trace, algorithms, tuning
+from ringmpi._comm import Context, context, sleepy_barrier
+from ringmpi._copy import copy
+from ringmpi._errors import abort_on_error
+from ringmpi.algorithms.hierarchical import layout, window_choice
+from ringmpi.kernels import AVG, OPS, op_from_name, reduction
+from ringmpi.verify import count_wrong, verify_inputs
 
-from . import _plot, _trace, algorithms, tuning
-from ._comm import Context, context, sleepy_barrier
-from ._errors import abort_on_error
-from ._settings import flag, seconds
-from .algorithms.hierarchical import STORES, layout, node_settings, window_choice
-from .kernels import AVG, OPS, copy, count_wrong, op_from_name, reduction, verify_inputs
+from . import _plot, prog
+from ._units import parse_size
 
 __all__ = ["main"]
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)(?:i?B)?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 8, 64K, 16M)")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
-
-def _parser() -> argparse.ArgumentParser:
+def _parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m ringmpi.allreduce",
+        prog=name,
         description="Benchmark and verify all-reduce algorithms (run under mpirun).",
     )
-    p.add_argument("-b", "--minbytes", type=_size, default=8, help="smallest size (default 8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default=16 * 2**20, help="largest (16M)")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=16 * 2**20, help="largest (16M)")
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
     p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per size (10)")
     p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (2)")
@@ -67,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"comma list from {', '.join(algorithms.names())}, {RAW} (comm.Allreduce called "
         f"directly, without ringmpi's API), or all (auto, each of ringmpi's algorithms, mpi "
         f"and {RAW}); hierarchical:WAY fixes how it stores to the node's window, WAY one of "
-        f"{', '.join(STORES)} (auto,mpi)",
+        f"{', '.join(_settings.STORES)} (auto,mpi)",
     )  # fmt: skip
     p.add_argument(
         "--ranks-per-node",
@@ -104,49 +98,40 @@ def _names(text: str) -> list[str]:
     through ringmpi and straight from mpi4py)."""
     names: list[str] = []
     for name in (a.strip() for a in text.split(",")):
-        expanded = (
-            ["auto", *tuning.CANDIDATES, "mpi", RAW] if name == "all" else [name] if name else []
-        )
+        every = ["auto", *algorithms.candidates(), "mpi", RAW]
+        expanded = every if name == "all" else [name] if name else []
         names += [n for n in expanded if n not in names]
     return names
 
 
-def _variant(name: str) -> tuple[str, dict[str, str]]:
-    """An ``-a`` entry: an algorithm, and for ``hierarchical:WAY`` the way it stores to
-    the node's window (RINGMPI_WINDOW_STORES), so that both ways run in one launch."""
+def _variant(name: str) -> tuple[str, _settings.Settings | None]:
+    """An ``-a`` entry: an algorithm, and for ``hierarchical:WAY`` the settings with
+    that way of storing to the node's window, so that both ways run in one launch."""
     if name == RAW:
-        return RAW, {}
+        return RAW, None
     base, _, way = name.partition(":")
     algorithms.lookup(base)
     if not way:
-        return base, {}
-    if base != "hierarchical" or way not in STORES:
+        return base, None
+    if base != "hierarchical" or way not in _settings.STORES:
         raise ValueError(
             f"algorithm: {name!r}: only hierarchical takes a variant after ':', "
-            f"one of {', '.join(STORES)}"
+            f"one of {', '.join(_settings.STORES)}"
         )
-    return base, {"RINGMPI_WINDOW_STORES": way}
+    return base, _settings.current().changed(window_stores=way)
 
 
-def _allreduce(send, recv, op, comm, variant: tuple[str, dict[str, str]]) -> None:
-    """One call of an ``-a`` entry, its settings in the environment for the call only."""
+def _allreduce(send, recv, op, comm, variant: tuple[str, _settings.Settings | None]) -> None:
+    """One call of an ``-a`` entry, under its own settings if it has them."""
     name, settings = variant
     if name == RAW:
         comm.Allreduce(send, recv, op)
         return
-    if not settings:  # as a program would call it
+    if settings is None:  # as a program would call it
         ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
         return
-    saved = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
+    with _settings.using(settings):
         ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                del os.environ[key]
-            else:
-                os.environ[key] = value
 
 
 def _warm(ctx: Context, red: Any) -> float:
@@ -168,7 +153,8 @@ def _warm(ctx: Context, red: Any) -> float:
 def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:
     comm = ctx.comm
     nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
-    per_node, placement = node_settings()
+    now = _settings.current()
+    per_node, placement = now.ranks_per_node, now.node_placement
     lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
     return {
         "ranks": comm.Get_size(),
@@ -292,22 +278,21 @@ def _window_note(ctx: Context, nbytes: int) -> str | None:
     return f"window stores: {way} (fastest trial call: {timed})"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int:
+    """The benchmark; ``command``: how it was typed (for usage and the plot)."""
     comm = MPI.COMM_WORLD
     # An exception on one rank would leave the others waiting forever in the next
     # collective: print it and take the whole job down instead.
     abort_on_error(comm)
-    parser = _parser()
+    parser = _parser(command)
     args = parser.parse_args(argv)
-    if args.ranks_per_node is not None:
-        os.environ["RINGMPI_RANKS_PER_NODE"] = str(args.ranks_per_node)
-    if args.node_placement is not None:
-        os.environ["RINGMPI_NODE_PLACEMENT"] = args.node_placement
-    if args.timeout is not None:
-        os.environ["RINGMPI_TIMEOUT"] = repr(args.timeout)
+    given = {"ranks_per_node": args.ranks_per_node, "node_placement": args.node_placement,
+             "timeout": args.timeout}  # fmt: skip
     rank, nranks = comm.Get_rank(), comm.Get_size()
     # Every rank checks the same arguments the same way, so all of them stop here together.
     try:
+        # The settings (RINGMPI_* read and checked), with the options given.
+        _settings.configure(**{k: v for k, v in given.items() if v is not None})
         op = op_from_name(args.op)
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
         names = _names(args.algorithm)
@@ -324,8 +309,6 @@ def main(argv: list[str] | None = None) -> int:
                     )
         if RAW in names and op is AVG:
             raise ValueError(f"algorithm: {RAW} (MPI's own Allreduce) has no AVG; use mpi")
-        node_settings()  # RINGMPI_RANKS_PER_NODE and RINGMPI_NODE_PLACEMENT, checked
-        seconds(os.environ.get("RINGMPI_TIMEOUT"), "RINGMPI_TIMEOUT")
         tuning.load()  # RINGMPI_TUNING, checked
         if args.plot:
             _plot.check()
@@ -339,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     sleepy_barrier(comm)
     ctx = context(comm)
     if "all" in args.algorithm.split(","):  # shared_memory only where it can run
-        names = [n for n in names if n not in tuning.CANDIDATES or n in algorithms.usable(ctx)]
+        names = [n for n in names
+                 if n not in algorithms.candidates() or n in algorithms.usable(ctx)]  # fmt: skip
     compile_s = _warm(ctx, red)
     header = _header(ctx, compile_s, args)
     if rank == 0:
@@ -385,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             # The first call is checked and traced; its time sets how many calls fit the budget.
             raw = name == RAW
-            ctx.reproducible = flag("RINGMPI_REPRODUCIBLE")  # as the call will see it
-            chosen = RAW if raw else algorithms.choose(variants[name][0], nbytes, ctx, red).name
+            ordered = _settings.current().reproducible  # as the call will see it
+            base = variants[name][0]
+            chosen = RAW if raw else algorithms.choose(base, nbytes, ctx, red, ordered).name
             ctx.barrier()
             t0 = time.perf_counter()
             with _trace.trace() as t:
@@ -427,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in runs.items():
             row = _row(comm, run, nbytes, count, args)
             row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
-            if "hierarchical" in run.label and not variants[name][1]:
+            if "hierarchical" in run.label and variants[name][1] is None:
                 row["window"] = _window_note(ctx, nbytes)
             rows.append(row)
             total_wrong += max(row["wrong"], 0)
@@ -438,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stdout.flush()
 
     if args.plot:  # the layout the cost model is drawn for (collective on first use)
-        lay = layout(ctx, *node_settings())
+        lay = layout(ctx)
         nodes, per_node = lay.nodes, lay.slices
     if rank == 0:
         print(f"# wrong elements in total: {total_wrong}")
@@ -446,6 +431,6 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as fh:
                 json.dump({"header": header, "rows": rows}, fh, indent=1)
         if args.plot:
-            _plot.draw(rows, header, args.plot, nodes, per_node, argv)
+            _plot.draw(rows, header, args.plot, nodes, per_node, argv, command)
             print(f"# plot written to {args.plot}")
     return 1 if total_wrong else 0

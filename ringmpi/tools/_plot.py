@@ -1,4 +1,4 @@
-"""``python -m ringmpi.allreduce --plot FILE``: the benchmark's rows as a picture.
+"""``python -m ringmpi allreduce --plot FILE``: the benchmark's rows as a picture.
 
 Three panels from the rows the run measured: bus bandwidth against size for
 every algorithm (the MPI baseline among them), time against size at the small
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from . import tuning
+from ringmpi import algorithms, tuning
 
 __all__ = ["check", "draw"]
 
@@ -34,7 +34,9 @@ def _base(label: str) -> str:
     return label[5:-1] if label.startswith("auto(") else label
 
 
-def draw(rows: list[dict], header: dict, path: str, nodes: int, per_node: int, argv) -> None:
+def draw(rows: list[dict], header: dict, path: str, nodes: int, per_node: int, argv,
+         typed: str) -> None:  # fmt: skip
+    """The rows as a PNG at ``path``, titled with the command as typed (``typed``, ``argv``)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -56,9 +58,9 @@ def draw(rows: list[dict], header: dict, path: str, nodes: int, per_node: int, a
     measured, predicted = [], []
     for r in rows:
         base = _base(r["algorithm"])
-        if base in tuning.CANDIDATES:
+        if base in algorithms.candidates():
             measured.append(r["time_us"])
-            predicted.append(tuning.predict(costs, base, r["size"], p, nodes, per_node) * 1e6)
+            predicted.append(algorithms.predict(costs, base, r["size"], p, nodes, per_node) * 1e6)
             model.annotate(base[:4], (predicted[-1], measured[-1]), fontsize=6)
     if measured:
         model.scatter(predicted, measured, s=12)
@@ -82,7 +84,7 @@ def draw(rows: list[dict], header: dict, path: str, nodes: int, per_node: int, a
     command = " ".join(sys.argv[1:] if argv is None else argv)
     fig.suptitle(f"ringmpi all-reduce, {p} ranks on {nodes} node(s), {header['datatype']} "
                  f"{header['op']}; {header['mpi_library']}\n"
-                 f"python -m ringmpi.allreduce {command}", fontsize=9)  # fmt: skip
+                 f"{typed} {command}", fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,172 @@
+"""The registry: every all-reduce algorithm is one self-describing :class:`Algorithm` record.
+
+An algorithm module builds its record with :func:`register` and nothing else
+in the package names it: ``algorithm=``, auto's choice, the CLI's ``-a all``,
+the error messages and the plan tests all read the records. This module sits
+at the bottom of the package and imports no algorithm.
+
+Every algorithm has one signature, ``run(work, red, ctx, source, timeout)``:
+``work`` is a 1-D C-contiguous array that receives the result; this rank's
+contribution is ``source`` (same size and dtype) or, when ``source`` is None,
+already in ``work``; ``red`` is the checked :class:`~ringmpi.kernels.Reduction`,
+``ctx`` the communicator's :class:`~ringmpi._comm.Context` and ``timeout`` the
+call's seconds without progress before a rank gives up (0: none).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import _engine
+from .._comm import Context
+from ..kernels import Reduction
+from ..plans import Plan
+
+__all__ = ["Algorithm", "check", "engine_run", "fits", "get", "listing", "lookup", "names",
+           "records", "register", "unregister"]  # fmt: skip
+
+AlgorithmFn = Callable[..., None]
+# (nranks, rank, count, itemsize) -> this rank's plan (pure)
+PlanFn = Callable[[int, int, int, int], Plan]
+# (n bytes, p ranks, M nodes, largest node's ranks) -> {model constant: how many of it}
+TermsFn = Callable[[float, int, int, int], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: how it runs, what it costs, and what it can do."""
+
+    name: str
+    run: AlgorithmFn
+    summary: str
+    # The cost model's terms (pure): tuning.predict sums constant x count.
+    terms: TermsFn | None = None
+    # Model constants of its own, with their defaults (a tuning file may set them).
+    constants: Mapping[str, float] = field(default_factory=dict)
+    # The step engine carries out this plan for it (pure: the plan tests simulate it).
+    plan: PlanFn | None = None
+    own: bool = True  # one of ringmpi's own, traced; False: the MPI library's baseline
+    auto: bool = True  # a candidate of auto (in the default mode)
+    keeps_order: bool = False  # its result is the left fold in rank order, bitwise
+    one_node: bool = False  # it needs every rank of the communicator on one node
+    crowded: bool = True  # auto may choose it where ranks crowd the cores (8+ a core)
+    # How it reduces the half types with one rounding, or why it cannot (no_half).
+    half: AlgorithmFn | None = None
+    no_half: str = "it has no half-type path"
+    half_one_node: bool = False  # its half-type path works on one node only
+    # Its per-communicator state: State(ctx), made on first use by ctx.state(name),
+    # freed (state.free()) with the communicator.
+    state: type | None = None
+    # prepare(red, ctx, timeout) -> again(work, source): the call once more with the
+    # least Python, for calls that repeat; None: a plan algorithm's engine repeat.
+    prepare: Callable[..., Any] | None = None
+    # warm(kinds): compile its loops for these lanes dtypes.
+    warm: Callable[[set[np.dtype]], None] | None = None
+
+    @functools.cached_property
+    def for_half(self) -> Algorithm:
+        """The record a half-type call runs: its half path, repeated as a plain call."""
+        if self.half is None:
+            raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
+        return replace(self, run=self.half, plan=None, prepare=None)
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algorithm:
+    """Register algorithm ``name`` (replacing one of that name) and return its record.
+
+    ``run`` defaults, for an algorithm with a ``plan``, to the step engine
+    carrying it out (:func:`engine_run`). ``summary`` defaults to the first
+    line of ``run``'s docstring. The other keywords are :class:`Algorithm`'s
+    fields.
+    """
+    if run is None:
+        if fields.get("plan") is None:
+            raise TypeError(f"algorithm {name!r}: give a run function or a plan")
+        run = engine_run(name, fields["plan"])
+    summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
+    algo = Algorithm(name, run, summary, **fields)
+    _REGISTRY[name] = algo
+    return algo
+
+
+def engine_run(name: str, plan: PlanFn) -> AlgorithmFn:
+    """The run function of a plan algorithm: the step engine carries out its plan."""
+
+    def run(work, red, ctx, source=None, timeout=0.0):
+        _engine.run(ctx.plan(plan, work.size, red.dtype.itemsize), work, red, ctx, name,
+                    timeout, source=source)  # fmt: skip
+
+    run.__doc__ = plan.__doc__
+    return run
+
+
+def records() -> list[Algorithm]:
+    """Every registered algorithm, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def names() -> list[str]:
+    """Every name ``algorithm=`` accepts."""
+    return ["auto", *_REGISTRY]
+
+
+def lookup(name: str, where: str = "algorithm") -> str:
+    """Check an algorithm name (ValueError listing the known ones); returns it."""
+    if name != "auto" and name not in _REGISTRY:
+        raise ValueError(f"{where}: unknown name {name!r} (known: {', '.join(names())})")
+    return name
+
+
+def get(name: str) -> Algorithm:
+    """The record of algorithm ``name`` (ValueError for an unknown one)."""
+    return _REGISTRY[lookup(name)]
+
+
+def unregister(name: str) -> None:
+    """Forget algorithm ``name`` (for tests that register their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def fits(algo: Algorithm, ctx: Context) -> bool:
+    """Whether ``algo`` can run on ``ctx``'s communicator (one node where it needs one)."""
+    return not algo.one_node or ctx.node.Get_size() == ctx.size
+
+
+def check(algo: Algorithm, ordered: bool, red: Reduction | None, where: str) -> Algorithm:
+    """The record a call of ``red`` runs for ``algo``, or ValueError, before any
+    message, where ``algo`` cannot keep the call's contract (one rounding for a
+    half type, rank order in reproducible mode)."""
+    if red is not None and red.half:
+        if algo.half is None:
+            # Every half-type path folds in rank order: reproducible mode needs no more.
+            raise ValueError(
+                f"{where}: {algo.name!r} cannot reduce {red.describe()} with one rounding: "
+                f"{algo.no_half}; algorithms that can: auto, {listing('half')}"
+            )
+        return algo.for_half
+    if ordered and not algo.keeps_order:
+        what = red.describe() if red is not None else "this reduction"
+        raise ValueError(
+            f"{where}: {algo.name!r} cannot keep the rank order that reproducible mode needs "
+            f"for {what}; algorithms that do: auto, {listing('keeps_order')}"
+        )
+    return algo
+
+
+def listing(capability: str, but: str = "") -> str:
+    """The algorithms with ``capability`` (but ``but``), with their limits: "ring,
+    shared_memory (one node only), ..."."""
+    said = []
+    for a in _REGISTRY.values():
+        if getattr(a, capability) not in (None, False) and a.name != but:
+            alone = a.one_node or (capability == "half" and a.half_one_node)
+            said.append(a.name + (" (one node only)" if alone else ""))
+    return ", ".join(said)

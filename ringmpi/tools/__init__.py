@@ -1,0 +1,9 @@
+"""ringmpi's tools, one command each: ``python -m ringmpi <command> [args]``.
+
+The tools use the library; no library module imports a tool. The commands and
+their dispatcher: :mod:`ringmpi.tools._registry`.
+"""
+
+from ._registry import main, prog
+
+__all__ = ["main", "prog"]

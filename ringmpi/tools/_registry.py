@@ -1,0 +1,106 @@
+"""The commands of ``python -m ringmpi``, one function each, and the dispatcher.
+
+A command is registered by :func:`_register` under its own name, its docstring
+the line ``python -m ringmpi --help`` lists; it imports its tool's module only
+when it runs, so that listing them imports none (nor MPI, nor Numba). The
+functions live here, not in the package, so that ``from ringmpi.tools import
+report`` is the module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["main", "prog"]
+
+_Command = Callable[[list[str]], int]
+_registry: dict[str, _Command] = {}
+
+
+def _register(command: _Command) -> _Command:
+    _registry[command.__name__] = command
+    return command
+
+
+def prog(command: str) -> str:
+    """How ``command`` is typed: the ``prog`` of its argument parser."""
+    return f"python -m ringmpi {command}"
+
+
+def _tool(name: str) -> ModuleType:
+    return importlib.import_module(f"ringmpi.tools.{name}")
+
+
+@_register
+def allreduce(argv: list[str]) -> int:
+    """Benchmark and verify all-reduce algorithms (under mpirun)."""
+    return _tool("allreduce").main(argv)
+
+
+@_register
+def schedule(argv: list[str]) -> int:
+    """Print the ring's step table and counted cost, or the hierarchical plan."""
+    return _tool("schedule").main(argv)
+
+
+@_register
+def tune(argv: list[str]) -> int:
+    """Measure the cost model's constants here, for RINGMPI_TUNING (under mpirun)."""
+    return _tool("tune").main(argv)
+
+
+@_register
+def scaling(argv: list[str]) -> int:
+    """Predict and check the cost model beyond one machine; measure the fabric."""
+    return _tool("scaling").main(argv)
+
+
+@_register
+def report(argv: list[str]) -> int:
+    """Merge allreduce --json results into one table (and a plot)."""
+    return _tool("report").main(argv)
+
+
+@_register
+def reliability(argv: list[str]) -> int:
+    """Run the fault and stress cases under mpirun; print docs/reliability.md's tables."""
+    return _tool("reliability").main(argv)
+
+
+@_register
+def buckets(argv: list[str]) -> int:
+    """Benchmark fused buckets (allreduce_many) against one call per array (under mpirun)."""
+    return _tool("buckets").main(argv)
+
+
+@_register
+def kernels(argv: list[str]) -> int:
+    """Warm Numba's cache for every (op, dtype), or benchmark the kernels."""
+    return _tool("kernels").main(argv)
+
+
+def _summary(command: _Command) -> str:
+    return (command.__doc__ or "").strip().splitlines()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command: ``python -m ringmpi <command> [args]``."""
+    width = max(map(len, _registry))
+    parser = argparse.ArgumentParser(
+        prog="python -m ringmpi",
+        usage="%(prog)s <command> [args]",
+        description="ringmpi's tools. `python -m ringmpi <command> --help` gives a command's "
+        "own options.",
+        epilog="commands:\n"
+        + "\n".join(f"  {name:<{width}}  {_summary(c)}" for name, c in _registry.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", metavar="<command>", choices=_registry,
+                        help="one of the commands below")  # fmt: skip
+    parser.add_argument("args", nargs=argparse.REMAINDER, metavar="[args]",
+                        help="the command's arguments")  # fmt: skip
+    args = parser.parse_args(argv)
+    return _registry[args.command](args.args)

@@ -1,0 +1,99 @@
+"""``python -m ringmpi kernels``: warm Numba's cache, or time the SUM and copy kernels.
+
+``--warm`` compiles (or loads) what a call can reach, for every (op, dtype):
+each reduction's own kernels (:meth:`~ringmpi.kernels.Reduction.warm`), the
+copies, and every algorithm's compiled loops. Without it, times the SUM kernel
+the compiled loops run (``combine_by_code``) against ``np.add``, and the copies
+against ``np.copyto``; figures and their commands: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+
+from ringmpi import algorithms
+from ringmpi._copy import copy
+from ringmpi._half import HALF_NAMES
+from ringmpi._ops import OP_SUM, combine_by_code
+from ringmpi.kernels import _OPS, HALF_OPS, reduction
+
+from . import prog
+
+__all__ = ["main"]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _combine(acc, inp, code, reverse):
+    # the op as a number, as a compiled loop passes it
+    combine_by_code(acc, inp, code, reverse)
+
+
+def _warm() -> int:
+    """Warm every (op, dtype) and every compiled loop; the number of pairs."""
+    n = 0
+    for spec in _OPS:
+        halves = HALF_NAMES if spec.name in HALF_OPS else ()
+        for dt in (*spec.dtypes, *halves):
+            reduction(spec.op, dt).warm()
+            n += 1
+    for streaming in (False, True):
+        copy(np.zeros(8, np.uint8), np.ones(8, np.uint8), streaming)
+    algorithms.warm()
+    return n
+
+
+def _bench(nbytes: int, reps: int) -> None:
+    n = nbytes // 4
+    a = np.ones(n, np.float32)
+    b = np.ones(n, np.float32)
+    t0 = time.perf_counter()
+    _combine(a[:1], b[:1], OP_SUM, False)
+    print(f"first call (compile or cache load): {(time.perf_counter() - t0) * 1e3:.1f} ms")
+    copy(b, a)
+    copy(b, a, streaming=True)
+    rows = {  # name: (call, bytes moved: reads + writes)
+        "numba SUM kernel": (lambda: _combine(a, b, OP_SUM, False), 3 * nbytes),
+        "np.add(a, b, out=a)": (lambda: np.add(a, b, out=a), 3 * nbytes),
+        "np.copyto(b, a)": (lambda: np.copyto(b, a), 2 * nbytes),
+        "copy(b, a)": (lambda: copy(b, a), 2 * nbytes),
+        "streaming copy": (lambda: copy(b, a, streaming=True), 2 * nbytes),
+    }
+    times: dict[str, list[float]] = {k: [] for k in rows}
+    order = list(rows)
+    for rep in range(reps):  # interleaved, alternating which goes first
+        for name in order if rep % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            rows[name][0]()
+            times[name].append(time.perf_counter() - t0)
+    print(f"float32, {nbytes / 2**20:.0f} MiB, median of {reps}; GB/s counts reads + writes")
+    medians = {name: float(np.median(ts)) for name, ts in times.items()}
+    for name, med in medians.items():
+        print(f"  {name:<22}{med * 1e3:9.3f} ms {rows[name][1] / med / 1e9:8.1f} GB/s")
+    ratio = medians["np.add(a, b, out=a)"] / medians["numba SUM kernel"]
+    print(f"  kernel speed relative to np.add: {ratio:.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Warm the cache (``--warm``) or run the kernel benchmark; the exit status."""
+    parser = argparse.ArgumentParser(
+        prog=prog("kernels"),
+        description="Warm Numba's cache for every (op, dtype), or benchmark the SUM and copy "
+        "kernels.",
+    )
+    parser.add_argument(
+        "--warm", action="store_true", help="compile every (op, dtype) and every compiled loop"
+    )
+    parser.add_argument("--bytes", type=int, default=16 * 2**20, help="benchmark size")
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args(argv)
+    if args.warm:
+        t0 = time.perf_counter()
+        n = _warm()
+        print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s")
+        return 0
+    _bench(args.bytes, args.reps)
+    return 0

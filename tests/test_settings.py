@@ -1,0 +1,66 @@
+"""Settings: one snapshot read from RINGMPI_* once, changed from code by configure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import ringmpi
+from ringmpi import _settings
+from ringmpi._settings import Settings
+
+
+def test_every_field_has_its_variable_and_the_defaults_are_unset():
+    env = {Settings.variable(f.name): "" for f in dataclasses.fields(Settings)}
+    assert sorted(env) == sorted(
+        ["RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
+         "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
+         "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_TIMEOUT",
+         "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT"]
+    )  # fmt: skip
+    empty, none = Settings.from_environ(env), Settings.from_environ({})
+    for f in dataclasses.fields(Settings):
+        assert getattr(empty, f.name) == getattr(none, f.name) == f.default, f.name
+
+
+def test_values_are_parsed_from_the_environment():
+    s = Settings.from_environ({
+        "RINGMPI_TIMEOUT": " 2.5 ", "RINGMPI_SEGMENT_BYTES": "4096", "RINGMPI_VALIDATE": "1",
+        "RINGMPI_REPRODUCIBLE": "0", "RINGMPI_NODE_PLACEMENT": "cyclic", "RINGMPI_WAIT": "sleep",
+        "RINGMPI_ALGORITHM": "ring", "OTHER": "x",
+    })  # fmt: skip
+    assert (s.timeout, s.segment_bytes, s.validate, s.reproducible) == (2.5, 4096, True, False)
+    assert (s.node_placement, s.wait, s.algorithm) == ("cyclic", "sleep", "ring")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [("RINGMPI_SEGMENT_BYTES", "lots", "RINGMPI_SEGMENT_BYTES must be a whole number >= 1"),
+     ("RINGMPI_RANKS_PER_NODE", "0", "RINGMPI_RANKS_PER_NODE must be a whole number >= 1"),
+     ("RINGMPI_TIMEOUT", "-1", "RINGMPI_TIMEOUT must be a number of seconds >= 0"),
+     ("RINGMPI_TIMEOUT", "inf", "RINGMPI_TIMEOUT must be a number of seconds >= 0"),
+     ("RINGMPI_WAIT", "fast", "RINGMPI_WAIT must be auto, spin or sleep, not 'fast'"),
+     ("RINGMPI_WINDOW_STORES", "x", "RINGMPI_WINDOW_STORES must be auto, cached or streaming")],
+)  # fmt: skip
+def test_a_bad_value_names_its_variable(name, value, says):
+    with pytest.raises(ValueError, match=says):
+        Settings.from_environ({name: value})
+
+
+def test_configure_checks_changes_and_configured_restores():
+    before = _settings.current()
+    with ringmpi.configured(timeout="3", segment_bytes=1 << 16) as now:
+        assert _settings.current() is now and now is not before
+        assert (now.timeout, now.segment_bytes) == (3.0, 1 << 16)
+        ringmpi.configure(segment_bytes=None)  # back to the default
+        assert _settings.current().segment_bytes is None
+        assert _settings.current().timeout == 3.0
+    assert _settings.current() is before
+    with pytest.raises(ValueError, match="ranks_per_node must be a whole number >= 1"):
+        ringmpi.configure(ranks_per_node=0)
+    with pytest.raises(TypeError, match="unknown setting 'segments'"):
+        ringmpi.configure(segments=4)
+    with pytest.raises(TypeError, match="timeout must be a number of seconds or None"):
+        ringmpi.configure(timeout=[1])
+    assert _settings.current() is before  # a failed change changes nothing

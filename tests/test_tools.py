@@ -1,0 +1,178 @@
+"""The tools apart from the library: ``python -m ringmpi <command>`` (no MPI)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ringmpi.tools._units import format_size, parse_size
+
+PY = sys.executable
+PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
+COMMANDS = ("allreduce", "schedule", "tune", "scaling", "report", "reliability", "buckets",
+            "kernels")  # fmt: skip
+
+
+def ringmpi(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "ringmpi", *args], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_help_lists_every_command_with_its_summary():
+    p = ringmpi("--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: python -m ringmpi <command> [args]")
+    listed = p.stdout.split("commands:\n")[1].splitlines()
+    assert [line.split()[0] for line in listed] == list(COMMANDS)
+    assert all(len(line.split()) > 2 for line in listed)  # a summary after each name
+
+
+def test_help_imports_no_tool():
+    code = ("import sys\nfrom ringmpi.tools import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\n"
+            f"tools = [f'ringmpi.tools.{{c}}' for c in {COMMANDS!r}]\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('numba', 'mpi4py')) "
+            "or m in tools))")  # fmt: skip
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_tool_is_its_module():
+    from ringmpi.tools import reliability, report
+
+    assert report.__name__ == "ringmpi.tools.report" and callable(reliability.mpirun)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_has_its_own_help(command):
+    p = ringmpi(command, "--help")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: python -m ringmpi {command} ")
+
+
+def test_an_unknown_command_is_refused():
+    p = ringmpi("bogus")
+    assert p.returncode == 2
+    assert "invalid choice: 'bogus'" in p.stderr
+
+
+def test_the_design_cards_command_still_runs():
+    p = subprocess.run([PY, "-m", "ringmpi.allreduce", "--help"], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("usage: python -m ringmpi.allreduce ")
+    assert "--minbytes" in p.stdout
+
+
+def test_the_entry_is_not_a_module_and_the_function_stays():
+    with pytest.raises(ImportError, match=r"ringmpi\.tools\.allreduce"):
+        importlib.import_module("ringmpi.allreduce")
+    import ringmpi as package
+
+    assert callable(package.allreduce)
+    assert "ringmpi.allreduce" not in sys.modules
+
+
+def _imported(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of ``source``, a module of ``package``, relative
+    ones resolved; leaving out what an ``if __name__ == "__main__":`` block imports
+    (a program's entry, not the module's)."""
+    tree = ast.parse(source)
+    entries = {
+        id(node)
+        for block in tree.body
+        if isinstance(block, ast.If) and "__main__" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in entries:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            found += [(node.lineno, base)]
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _package(path: Path) -> str:
+    """The package a module file belongs to: ringmpi/algorithms/ring.py, ringmpi.algorithms."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts if path.name == "__init__.py" else parts[:-1])
+
+
+def _a_tool(name: str) -> bool:
+    return name == "ringmpi.tools" or name.startswith("ringmpi.tools.")
+
+
+def test_no_library_module_imports_a_tool():
+    tools = PACKAGE / "tools"
+    library = [p for p in sorted(PACKAGE.rglob("*.py")) if tools not in p.parents]
+    library.remove(PACKAGE / "__main__.py")  # the tools' entry
+    assert PACKAGE / "buckets.py" in library and PACKAGE / "schedule.py" in library
+    bad = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {name}"
+        for path in library
+        for line, name in _imported(path.read_text(), _package(path))
+        if _a_tool(name)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("from ..tools import _units", "ringmpi.algorithms"),
+        ("from ..tools._units import parse_size", "ringmpi.algorithms"),
+        ("from . import tools", "ringmpi"),
+        ("from .tools import allreduce", "ringmpi"),
+        ("import ringmpi.tools.report", "ringmpi"),
+        ("from ringmpi import tools", "ringmpi.algorithms"),
+        ("def f():\n    from .tools import buckets", "ringmpi"),
+    ],
+)
+def test_the_check_sees_every_way_to_import_a_tool(source, package):
+    assert any(_a_tool(name) for _, name in _imported(source, package))
+
+
+def test_the_check_lets_an_entry_run_a_tool():
+    source = 'if __name__ == "__main__":\n    from ringmpi.tools.kernels import main\n'
+    assert not any(_a_tool(name) for _, name in _imported(source, "ringmpi"))
+    assert not any(_a_tool(n) for _, n in _imported("from . import _api, tuning", "ringmpi"))
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [("8", 8), ("64K", 64 << 10), ("16M", 16 << 20), ("1GiB", 1 << 30), ("4 kb", 4096)],
+)
+def test_one_size_parser(text, nbytes):
+    assert parse_size(text) == nbytes
+
+
+def test_a_size_that_is_not_one():
+    with pytest.raises(argparse.ArgumentTypeError, match="not a size: 'lots'"):
+        parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "short", "long"),
+    [(8, "8", "8 B"), (3000, "3000", "3000 B"), (64 << 10, "64K", "64 KiB"),
+     (3 << 20, "3M", "3 MiB"), (1 << 30, "1G", "1 GiB"), ((1 << 20) + 1024, "1025K", "1025 KiB")],
+)  # fmt: skip
+def test_one_size_formatter(nbytes, short, long):
+    assert format_size(nbytes) == short
+    assert format_size(nbytes, long=True) == long
+    assert parse_size(short) == nbytes

@@ -7,14 +7,18 @@ Numba-compiled loop that calls MPI_Isend, MPI_Irecv and MPI_Wait through the C
 ABI (:mod:`ringmpi._capi`) and reduces with the op's compiled kernel: no
 interpreter between steps, so a step costs what it costs in C. It is compiled
 once per dtype (the op is a number) and cached on disk. (Numba's cache checks
-only this file's time stamp: a change to the ops in :mod:`ringmpi.kernels`
-needs this file touched, or its cache cleared, to reach the engine.)
+only this file's time stamp: a change to the ops in :mod:`ringmpi._ops` or
+:mod:`ringmpi._half` needs this file touched, or its cache cleared, to reach
+the engine.)
 
 Every message is sent in **segments** of at most ``RINGMPI_SEGMENT_BYTES``
 (both sides cut a message of the same length alike). A reduce receives
 segments into two scratch buffers in turn, and reduces segment k while segment
 k + 1 is arriving: the reduce overlaps the transfer, as in Gloo's and NCCL's
-pipelined rings. A store receives every segment straight into place.
+pipelined rings. A store receives every segment straight into place. The half
+types' direct exchange is rows of its own kind (FROM_INPUT, TO_SLOTS, FOLD in
+:mod:`ringmpi.plans`): sends read the input where it lies, receives land in
+slots, and each segment of the last step is folded as soon as it arrives.
 
 While waiting, a rank spins in MPI_Wait, or, on a node with many more ranks
 than cores (``Context.sleepy``), polls MPI_Test and yields the core between
@@ -36,7 +40,6 @@ import time
 
 import numba
 import numpy as np
-from mpi4py import MPI
 
 from . import _trace
 from ._cache import Bounded
@@ -54,15 +57,16 @@ from ._capi import (
     mpi_wait,
     sched_yield,
 )
-from ._comm import timed_out
-from ._errors import RingMPIError
-from ._half import fold_parts
+from ._half import fold_half_parts
 from ._ops import combine_by_code, divide_by
+from ._report import CELLS, MPI_ERROR, OK, TIMED_OUT, WRONG_COUNT, WRONG_TAG, raise_from
 from ._settings import current
 from .kernels import DTYPES, Reduction
 from .plans import (
     ACTION,
     FINAL,
+    FOLD,
+    FROM_INPUT,
     PHASE,
     RECV_FROM,
     RECV_LEN,
@@ -73,18 +77,17 @@ from .plans import (
     SEND_TO,
     STEP,
     THEIRS_FIRST,
+    TO_SLOTS,
     Plan,
 )
 
-__all__ = ["SEGMENT_BYTES", "prepare", "run", "run_half", "segment_bytes"]
+__all__ = ["SEGMENT_BYTES", "prepare", "run", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
 SEGMENT_BYTES = 1 << 20
 _MAX_SEGMENT = 1 << 30  # MPI counts are C ints
 
-# What _execute reports in `err`: [what, row, detail, detail].
-_OK, _MPI_ERROR, _WRONG_COUNT, _WRONG_TAG, _TIMED_OUT = 0, 1, 2, 3, 4
 # What _wait returns for a request that did not complete in time (MPI error
 # codes are >= 0).
 _LATE = -1
@@ -134,13 +137,13 @@ def _abandon(requests, rsize, live, nrecv_slots, status):
 @_jit
 def _arrived(status, tag_at, count, byte, nbytes, tag, err, row):
     """Whether the receive ``status`` describes brought ``nbytes`` with ``tag``; if
-    not, ``err`` says which differs."""
+    not, ``err`` says which differs (its rank cell is the caller's)."""
     mpi_get_count(status.ctypes.data, byte, count.ctypes.data)
     if count[0] != nbytes:
-        err[0], err[1], err[2], err[3] = _WRONG_COUNT, row, count[0], nbytes
+        err[0], err[1], err[3], err[4] = WRONG_COUNT, row, count[0], nbytes
         return False
     if status[tag_at] != tag:
-        err[0], err[1], err[2] = _WRONG_TAG, row, status[tag_at]
+        err[0], err[1], err[3] = WRONG_TAG, row, status[tag_at]
         return False
     return True
 
@@ -154,71 +157,94 @@ def _reduce(acc, inp, code, reverse, action, divisor):
 
 
 # The fixed arguments of a call shape, packed into one int64 array (fewer
-# arguments: Numba's dispatcher pays per argument, on every call).
-_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _TIMEOUT, _NPARAMS = (
-    range(12)
-)
+# arguments: Numba's dispatcher pays per argument, on every call). A plan whose
+# rows fold the half types (FOLD) adds its half kind, AVG's divisor (0: none),
+# its count (where the slots begin), where this rank's chunk starts, and how many
+# contribution starts follow the parameters.
+(_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _TIMEOUT, _COPY,
+ _KIND, _AVG_BY, _COUNT, _CHUNK, _NSTARTS, _NPARAMS) = range(18)  # fmt: skip
 
 
 @_jit
 def _execute(work, source, table, scratch, divisor, state, requests, status):
     """Carry out ``table`` (a plan) on ``work``, which first gets a copy of ``source``
-    (unless it is ``work``); the other arguments are fixed per call shape.
+    (where the plan's rows never read ``source`` themselves); the other arguments are
+    fixed per call shape.
 
-    ``state`` holds the parameters, then the report. The parameters (the _CODE ...
-    names): the op's number, the communicator's and MPI_BYTE's handles, the tag,
-    MPI_ANY_TAG, the segment in elements of ``work``, the size of an MPI_Request,
-    where the tag sits in ``status`` (an MPI_Status seen as int32s, followed by two
-    int32 cells for a count and a flag), whether to wait sleepily, the lanes
-    per element of the plan's offsets, and the timeout in ns (0: none).
-    ``scratch`` holds two segments.
+    ``state`` holds the parameters, then the contributions' starts of a FOLD plan,
+    then the report. The parameters (the _CODE ... names): the op's number, the
+    communicator's and MPI_BYTE's handles, the tag, MPI_ANY_TAG, the segment in
+    elements of ``work``, the size of an MPI_Request, where the tag sits in
+    ``status`` (an MPI_Status seen as int32s, followed by two int32 cells for a
+    count and a flag), whether to wait sleepily, the lanes per element of the
+    plan's offsets, the timeout in ns (0: none), whether to copy ``source`` in
+    first, and a FOLD plan's cells.
+    ``scratch`` holds two segments of a reduce, or a TO_SLOTS plan's slots.
     ``requests`` holds the request slots, then a live flag per slot: the
     receives' slots first (all of a store's segments, or two for a reduce), then
     one per segment sent. In the report, ``[2 row]`` and ``[2 row + 1]`` count the
-    bytes and messages each row really sent, and the last 4 cells say what went
-    wrong, if anything: [what, row, detail, detail].
+    bytes and messages each row really sent, and the last cells say what went
+    wrong, if anything (:mod:`ringmpi._report`; the step is the row).
+
+    Row flags beyond REDUCE: FROM_INPUT sends read ``source`` where it lies;
+    TO_SLOTS receives land in ``scratch`` (offsets from the count on); FOLD folds
+    each arrived segment's elements of this rank's chunk into ``work`` from every
+    contribution (the half types' one rounding, :func:`ringmpi._half.fold_parts`),
+    while the next segment arrives.
     """
-    params, report = state[:_NPARAMS], state[_NPARAMS:]
+    params = state[:_NPARAMS]
+    starts = state[_NPARAMS : _NPARAMS + params[_NSTARTS]]
+    report = state[_NPARAMS + params[_NSTARTS] :]
     code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
     sleepy, w, timeout = params[_SLEEPY] != 0, params[_LANES], params[_TIMEOUT]
+    kind, avg_by, count, chunk = params[_KIND], params[_AVG_BY], params[_COUNT], params[_CHUNK]
     nstat = status.size - 2
-    count = status[nstat:]  # count, then flag
+    cnt = status[nstat:]  # count, then flag
     isz = work.itemsize
     base = work.ctypes.data
     nslots = requests.size // (rsize + 1)
     live = requests[nslots * rsize :]  # a flag per request slot, after the slots
     req = requests.ctypes.data
     st = status.ctypes.data
-    err = report[report.size - 4 :]
-    err[0] = _OK
-    if source.ctypes.data != base:
+    err = report[report.size - CELLS :]
+    err[0] = OK
+    if params[_COPY] != 0 and source.ctypes.data != base:
         for i in range(work.size):
             work[i] = source[i]
     for row in range(table.shape[0]):
         report[2 * row] = 0
         report[2 * row + 1] = 0
         dest, src, action = table[row, SEND_TO], table[row, RECV_FROM], table[row, ACTION]
+        err[2] = src if src >= 0 else dest  # the rank a report names, unless it says
         soff, slen = table[row, SEND_OFF] * w, table[row, SEND_LEN] * w
         roff, rlen = table[row, RECV_OFF] * w, table[row, RECV_LEN] * w
         nsend = 0 if dest < 0 else max(1, (slen + seg - 1) // seg)
         nrecv = 0 if src < 0 else max(1, (rlen + seg - 1) // seg)
         reduce = (action & REDUCE) != 0
         reverse = (action & THEIRS_FIRST) != 0
+        fold = (action & FOLD) != 0
+        sbase = source.ctypes.data if (action & FROM_INPUT) != 0 else base
+        rbase = base
+        if (action & TO_SLOTS) != 0:
+            rbase, roff = scratch.ctypes.data, roff - count * w
         if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0:
             # One segment each way: one MPI_Sendrecv (cheaper than two requests).
-            at = scratch.ctypes.data if reduce else base + roff * isz
-            e = mpi_sendrecv(base + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
+            at = scratch.ctypes.data if reduce else rbase + roff * isz
+            e = mpi_sendrecv(sbase + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
                              byte, src, any_tag, comm, st)  # fmt: skip
             if e != 0:
-                err[0], err[1], err[2] = _MPI_ERROR, row, e
+                err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
                 return
             report[2 * row] = slen * isz
             report[2 * row + 1] = 1
-            if not _arrived(status, tag_at, count, byte, rlen * isz, tag, err, row):
+            if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
                 return
             if reduce:
                 _reduce(work[roff : roff + rlen], scratch[:rlen], code, reverse, action, divisor)
+            elif fold:
+                fold_half_parts(work[chunk : chunk + rlen], source, scratch, count, starts, 0,
+                                code, kind, avg_by)  # fmt: skip
             continue
         # A reduce's segments land in the two scratch halves in turn; a store's in place.
         slots = min(2, nrecv) if reduce else nrecv
@@ -226,7 +252,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         for k in range(slots):
             a = k * seg
             n = min(seg, rlen - a)
-            at = scratch.ctypes.data + (k % 2) * seg * isz if reduce else base + (roff + a) * isz
+            at = scratch.ctypes.data + (k % 2) * seg * isz if reduce else rbase + (roff + a) * isz
             e = mpi_irecv(at, n * isz, byte, src, any_tag, comm, req + k * rsize)
             if e != 0:
                 break
@@ -234,7 +260,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         for k in range(nsend if e == 0 else 0):
             a = k * seg
             n = min(seg, slen - a)
-            e = mpi_isend(base + (soff + a) * isz, n * isz, byte, dest, tag, comm,
+            e = mpi_isend(sbase + (soff + a) * isz, n * isz, byte, dest, tag, comm,
                           req + (slots + k) * rsize)  # fmt: skip
             if e != 0:
                 break
@@ -246,23 +272,26 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         waited = 0  # sends waited for, in order
         for k in range(nrecv if e == 0 else 0):
             slot = k % 2 if reduce else k
-            e = _wait(req + slot * rsize, st, count[1:], sleepy, timeout)
+            e = _wait(req + slot * rsize, st, cnt[1:], sleepy, timeout)
             if e == _LATE:
-                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, src, 0
+                err[0], err[1], err[2], err[3] = TIMED_OUT, row, src, 0
                 break
             live[slot] = 0
             if e != 0:
                 break
             a = k * seg
             n = min(seg, rlen - a)
-            if not _arrived(status, tag_at, count, byte, n * isz, tag, err, row):
+            if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
                 break
+            if fold:
+                fold_half_parts(work[chunk + a : chunk + a + n], source, scratch, count, starts, a,
+                                code, kind, avg_by)  # fmt: skip
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
                 while waited < upto and e == 0:
-                    e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy, timeout)
+                    e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
                     if e == _LATE:
-                        err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
+                        err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
                         break
                     live[slots + waited] = 0
                     report[2 * row] += min(seg, slen - waited * seg) * isz
@@ -281,124 +310,19 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     if e != 0:
                         break
                     live[slot] = 1
-        while waited < nsend and e == 0 and err[0] == _OK:
-            e = _wait(req + (slots + waited) * rsize, st, count[1:], sleepy, timeout)
+        while waited < nsend and e == 0 and err[0] == OK:
+            e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
             if e == _LATE:
-                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
+                err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
                 break
             live[slots + waited] = 0
             report[2 * row] += min(seg, slen - waited * seg) * isz
             report[2 * row + 1] += 1
             waited += 1
-        if e != 0 and err[0] == _OK:
-            err[0], err[1], err[2] = _MPI_ERROR, row, e
-        if err[0] != _OK:
+        if e != 0 and err[0] == OK:
+            err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
+        if err[0] != OK:
             _abandon(requests, rsize, live, slots, status)
-            return
-
-
-# What a half-type exchange folds with (see _exchange_half): [half kind, AVG's
-# divisor (0: none), count, where this rank's chunk starts].
-_KIND, _AVG_BY, _COUNT, _CHUNK = range(4)
-
-
-@_jit
-def _exchange_half(out, source, slots, table, starts, fold, state, requests, status):
-    """Carry out a half type's direct exchange (:func:`ringmpi.plans.direct_exchange`)
-    and fold this rank's chunk into ``out`` as it arrives.
-
-    The plan's positions below the count are this rank's input, ``source``, which
-    every send reads where it lies (no copy); those from the count on are the
-    slots, ``slots``, which every receive fills in place. Each step is a row as in
-    :func:`_execute` (segments, the same report). In the last step segment k
-    completes every contribution to its elements of the chunk, so as soon as it
-    has arrived they are folded (float32, in the rank order of ``starts``, one
-    rounding: :func:`ringmpi.kernels.fold_parts`) into ``out`` while segment
-    k + 1 arrives. ``fold`` holds the _KIND ... cells; the other arguments are
-    :func:`_execute`'s.
-    """
-    params, report = state[:_NPARAMS], state[_NPARAMS:]
-    code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
-    any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
-    sleepy, timeout = params[_SLEEPY] != 0, params[_TIMEOUT]
-    kind, avg_by, count, chunk = fold[_KIND], fold[_AVG_BY], fold[_COUNT], fold[_CHUNK]
-    nstat = status.size - 2
-    cnt = status[nstat:]  # count, then flag
-    isz = source.itemsize
-    nslots = requests.size // (rsize + 1)
-    live = requests[nslots * rsize :]
-    req = requests.ctypes.data
-    st = status.ctypes.data
-    err = report[report.size - 4 :]
-    err[0] = _OK
-    last = table.shape[0] - 1
-    for row in range(table.shape[0]):
-        report[2 * row] = 0
-        report[2 * row + 1] = 0
-        dest, src = table[row, SEND_TO], table[row, RECV_FROM]
-        soff, slen = table[row, SEND_OFF], table[row, SEND_LEN]
-        roff, rlen = table[row, RECV_OFF] - count, table[row, RECV_LEN]
-        nsend = 0 if dest < 0 else max(1, (slen + seg - 1) // seg)
-        nrecv = 0 if src < 0 else max(1, (rlen + seg - 1) // seg)
-        sfrom = source.ctypes.data + soff * isz
-        rinto = slots.ctypes.data + roff * isz
-        if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0:
-            e = mpi_sendrecv(sfrom, slen * isz, byte, dest, tag, rinto, rlen * isz, byte, src,
-                             any_tag, comm, st)  # fmt: skip
-            if e != 0:
-                err[0], err[1], err[2] = _MPI_ERROR, row, e
-                return
-            report[2 * row] = slen * isz
-            report[2 * row + 1] = 1
-            if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
-                return
-            if row == last:
-                fold_parts(out[chunk : chunk + rlen], source, slots, count, starts, 0, code,
-                           kind, avg_by)  # fmt: skip
-            continue
-        e = 0
-        for k in range(nrecv):
-            n = min(seg, rlen - k * seg)
-            e = mpi_irecv(rinto + k * seg * isz, n * isz, byte, src, any_tag, comm, req + k * rsize)
-            if e != 0:
-                break
-            live[k] = 1
-        for k in range(nsend if e == 0 else 0):
-            n = min(seg, slen - k * seg)
-            e = mpi_isend(sfrom + k * seg * isz, n * isz, byte, dest, tag, comm,
-                          req + (nrecv + k) * rsize)  # fmt: skip
-            if e != 0:
-                break
-            live[nrecv + k] = 1
-        for k in range(nrecv if e == 0 else 0):
-            e = _wait(req + k * rsize, st, cnt[1:], sleepy, timeout)
-            if e == _LATE:
-                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, src, 0
-                break
-            live[k] = 0
-            if e != 0:
-                break
-            a = k * seg
-            n = min(seg, rlen - a)
-            if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
-                break
-            if row == last:
-                fold_parts(out[chunk + a : chunk + a + n], source, slots, count, starts, a, code,
-                           kind, avg_by)  # fmt: skip
-        for k in range(nsend if e == 0 and err[0] == _OK else 0):
-            e = _wait(req + (nrecv + k) * rsize, st, cnt[1:], sleepy, timeout)
-            if e == _LATE:
-                err[0], err[1], err[2], err[3] = _TIMED_OUT, row, dest, 1
-                break
-            live[nrecv + k] = 0
-            if e != 0:
-                break
-            report[2 * row] += min(seg, slen - k * seg) * isz
-            report[2 * row + 1] += 1
-        if e != 0 and err[0] == _OK:
-            err[0], err[1], err[2] = _MPI_ERROR, row, e
-        if err[0] != _OK:
-            _abandon(requests, rsize, live, nrecv, status)
             return
 
 
@@ -422,18 +346,26 @@ class _Shape:
         fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
                  _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
                  _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w,
-                 _TIMEOUT: round(timeout * 1e9)}  # fmt: skip
-        # The fixed arguments, then what each call reports (see _execute).
-        self.state = np.zeros(_NPARAMS + 2 * len(table) + 4, np.int64)
+                 _TIMEOUT: round(timeout * 1e9),
+                 _COPY: int(not (table[:, ACTION] & FROM_INPUT).any()),
+                 _KIND: red.half, _AVG_BY: red.avg_divisor(ctx.size) if red.half else 0,
+                 _COUNT: plan.count, _CHUNK: plan.chunk,
+                 _NSTARTS: len(plan.starts)}  # fmt: skip
+        # The fixed arguments, the contributions' starts, then what each call reports.
+        params = _NPARAMS + len(plan.starts)
+        self.state = np.zeros(params + 2 * len(table) + CELLS, np.int64)
         self.state[list(fixed)] = list(fixed.values())
-        self.report = self.state[_NPARAMS:]  # fmt: skip
+        self.state[_NPARAMS:params] = plan.starts
+        self.report = self.state[params:]
         self.divisor = red.divisor(ctx.size)
-        # Two segments of scratch, or two of the longest message reduced if shorter.
+        # Two segments of scratch, or two of the longest message reduced if shorter;
+        # or the slots of the receives that land there.
         reduced = table[table[:, ACTION] & REDUCE != 0, RECV_LEN] * w
         longest = min(seg, int(reduced.max())) if len(reduced) else 0
-        self.scratch = engine.scratch(2 * longest * lanes.itemsize).view(lanes)
-        self.split = w != 1
-        self.fold: np.ndarray | None = None  # a half-type exchange's (run_half)
+        into = table[table[:, ACTION] & TO_SLOTS != 0]
+        held = int((into[:, RECV_OFF] + into[:, RECV_LEN]).max()) - plan.count if len(into) else 0
+        self.scratch = engine.scratch(max(2 * longest, held * w) * lanes.itemsize).view(lanes)
+        self.split = lanes != red.dtype  # complex SUM as reals, the half types as patterns
         engine.slots(_slots(table, w, seg))
 
 
@@ -523,44 +455,11 @@ def run(
     engine = ctx.engine
     _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.state,
              engine.requests, engine.status)  # fmt: skip
-    failed = report.item(-4) != _OK
+    failed = report.item(-CELLS) != OK
     if _trace._active:
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
-        _raise(report[-4:], plan, work, ctx, shape, algorithm, prefix, peers or range(ctx.size))
-
-
-def run_half(
-    plan: Plan,
-    out: np.ndarray,
-    source: np.ndarray,
-    slots: np.ndarray,
-    starts: np.ndarray,
-    chunk: int,
-    red: Reduction,
-    ctx,
-    algorithm: str,
-    timeout: float = 0.0,
-) -> None:
-    """Carry out a half type's direct exchange ``plan`` (16-bit patterns: ``out``,
-    ``source`` and ``slots`` as uint16): sends read ``source``, receives fill
-    ``slots``, and this rank's chunk (from ``chunk`` on) is folded into ``out`` from
-    the contributions at ``starts`` as its segments arrive (:func:`_exchange_half`)."""
-    engine = _engine_of(ctx)
-    shape = engine.shape(plan, red, ctx, timeout)
-    fold = shape.fold
-    if fold is None:
-        fold = shape.fold = np.zeros(4, np.int64)
-        fold[[_KIND, _AVG_BY, _COUNT]] = red.half, red.avg_divisor(ctx.size), plan.count
-    fold[_CHUNK] = chunk
-    report = shape.report
-    _exchange_half(out, source, slots, plan.table, starts, fold, shape.state, engine.requests,
-                   engine.status)  # fmt: skip
-    failed = report.item(-4) != _OK
-    if _trace._active:
-        _record(plan, report, algorithm, "", range(ctx.size))
-    if failed:
-        _raise(report[-4:], plan, out, ctx, shape, algorithm, "", range(ctx.size))
+        _raise(report[-CELLS:], plan, ctx, shape, algorithm, prefix, peers or range(ctx.size))
 
 
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
@@ -585,8 +484,8 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
         if entry is None:  # past Numba's dispatcher from now on: the types stay
             entry = _execute.compile(tuple(numba.typeof(a) for a in args))
         entry(*args)
-        if report.item(-4) != _OK:
-            _raise(report[-4:], plan, work, ctx, shape, algorithm, "", range(ctx.size))
+        if report.item(-CELLS) != OK:
+            _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
 
     return again
 
@@ -602,7 +501,7 @@ def _engine_of(ctx) -> _Engine:
 def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) -> None:
     """Trace the sends the rows really made (up to a failed row)."""
     table = plan.table
-    last = int(report[-3]) if report[-4] != _OK else len(table) - 1
+    last = int(report[1 - CELLS]) if report[-CELLS] != OK else len(table) - 1
     for row in range(last + 1):
         r = table[row]
         if r[SEND_TO] >= 0:
@@ -611,35 +510,14 @@ def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) 
                           int(report[2 * row + 1]))  # fmt: skip
 
 
-def _raise(
-    err, plan: Plan, work: np.ndarray, ctx, shape: _Shape, algorithm: str, prefix: str, peers
-) -> None:
-    """Raise the RingMPIError ``err`` reports. The communicator is broken off first:
-    the other ranks may still be sending this call's messages."""
-    what, row = int(err[0]), int(err[1])
-    r = plan.table[row]
-    where = (
-        f"rank {peers[ctx.rank]}: {algorithm} {prefix}{plan.phases[r[PHASE]]} step {int(r[STEP])}"
-    )
-    src = int(r[RECV_FROM])
-    peer = peers[src] if src >= 0 else None
-    expected = int(r[RECV_LEN]) * work.itemsize
-    if what == _TIMED_OUT:
-        other = peers[int(err[2])]
-        raise timed_out(ctx, shape.timeout, where, f"rank {other} to take its message" if err[3]
-                        else f"rank {other}'s message")  # fmt: skip
-    if what == _WRONG_COUNT:
-        said = (f"rank {peer} sent {int(err[2])} bytes in a segment of {int(err[3])}; "
-                "ranks disagree on count or dtype")  # fmt: skip
-    elif what == _WRONG_TAG:
-        said = f"message from rank {peer}: " + ctx.disagreement(int(err[2]), shape.tag)
-    elif MPI.Get_error_class(int(err[2])) in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-        said = (f"rank {peer} sent more than the {expected} bytes expected; "
-                "ranks disagree on count or dtype")  # fmt: skip
-    else:
-        said = f"MPI error: {MPI.Get_error_string(int(err[2]))}"
-    ctx.break_off(f"{where}: {said}")
-    raise RingMPIError(f"{where}: {said}")
+def _raise(cells, plan: Plan, ctx, shape: _Shape, algorithm: str, prefix: str, peers) -> None:
+    """Raise what a call's report says, in the plan's words (phase and step)."""
+
+    def where(row: int) -> str:
+        r = plan.table[row]
+        return f"rank {peers[ctx.rank]}: {algorithm} {prefix}{plan.phases[r[PHASE]]} step {r[STEP]}"
+
+    raise_from(cells, ctx, shape.timeout, where, lambda r: f"rank {peers[r]}", tag=shape.tag)
 
 
 def lane_kinds(red: Reduction | None) -> set[np.dtype]:
@@ -660,9 +538,4 @@ def warm(red: Reduction | None = None) -> float:
     for dt in kinds:
         arr = np.zeros(1, dt)
         _execute.compile(tuple(numba.typeof(a) for a in (arr, arr, table, arr, arr, i64, u8, i32)))
-    if red is None or red.half:
-        h = np.zeros(1, np.uint16)
-        _exchange_half.compile(
-            tuple(numba.typeof(a) for a in (h, h, h, table, i64, i64, i64, u8, i32))
-        )
     return time.perf_counter() - t0

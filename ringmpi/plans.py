@@ -32,16 +32,25 @@ COLUMNS = 9
 STORE, REDUCE = 0, 1
 THEIRS_FIRST = 2  # the received operand is the left one: ``acc = inp (op) acc``
 FINAL = 4  # these elements are complete after this reduce (AVG divides them here)
+# The half types' direct exchange (the ring's, ringmpi.algorithms.ring.direct_exchange):
+FROM_INPUT = 8  # the send reads this rank's input where it lies, not the working buffer
+TO_SLOTS = 16  # the receive lands in the slots: RECV_OFF counts from the plan's count on
+FOLD = 32  # each arrived segment completes elements of this rank's chunk: fold them
 
 
 @dataclass(frozen=True, eq=False)  # a plan is itself: equal and hashed by identity
 class Plan:
     """One rank's steps (``table``, int64, one row per step) for a buffer of
-    ``count`` elements, and the phase names that column ``PHASE`` indexes."""
+    ``count`` elements, and the phase names that column ``PHASE`` indexes. A plan
+    whose rows FOLD also says where each rank's contribution to the chunk it
+    finishes starts (``starts``, rank order: below the count in the input, from it
+    on in the slots) and where that chunk starts (``chunk``)."""
 
     table: np.ndarray
     phases: tuple[str, ...]
     count: int
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    chunk: int = 0
 
     @property
     def steps(self) -> int:
@@ -61,9 +70,9 @@ class Rows:
             self.phases.append(phase)
         self.rows.append([self.phases.index(phase), step, *send, *recv, action])
 
-    def plan(self, count: int) -> Plan:
+    def plan(self, count: int, **fold) -> Plan:
         table = np.array(self.rows, np.int64).reshape(-1, COLUMNS)
-        return Plan(table, tuple(self.phases), count)
+        return Plan(table, tuple(self.phases), count, **fold)
 
 
 def check_rank(nranks: int, rank: int) -> None:

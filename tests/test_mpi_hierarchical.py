@@ -29,9 +29,10 @@ PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS 
 
 
 @pytest.fixture
-def nodes(settings, request):
+def nodes(environ, request):
     k, placement = request.param
-    settings(ranks_per_node=k, node_placement=placement)
+    environ.set("RINGMPI_RANKS_PER_NODE", str(k))
+    environ.set("RINGMPI_NODE_PLACEMENT", placement)
     return k, placement
 
 

@@ -68,7 +68,7 @@ def _inputs(op: str, dtype: str, rank: int, count: int) -> np.ndarray:
 
 
 def _max(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    # ringmpi's MAX (kernels._greater): y where it is greater or NaN, else x -- the
+    # ringmpi's MAX (_ops.greater): y where it is greater or NaN, else x -- the
     # left operand on ties, so max(+0.0, -0.0) is +0.0. np.maximum's ties follow the
     # machine's instruction (x86's MAXPS returns the right operand): not a reference.
     return np.where((y > x) | np.isnan(y), y, x)

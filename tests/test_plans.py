@@ -31,6 +31,8 @@ def test_an_algorithm_from_outside_is_simulated_with_the_rest():
     # the ring's bytes and steps, partners changing every step
     sim = plans.simulate(build("pairwise"), 5, 5 * 7, itemsize=4)
     assert sim.bytes_sent == [2 * 4 * 7 * 4] * 5 and sim.steps == [2 * 4] * 5
+
+
 COUNTS = [0, 1, 2, 3, 7, 8, 13, 64]
 
 

@@ -66,13 +66,13 @@ from mpi4py import MPI
 from .. import _trace
 from .._cache import Bounded
 from .._capi import handle
-from .._comm import Context, complete, disagreement, timed_out
-from .._copy import copy
+from .._comm import Context, complete
 from .._copy import copy_bytes as _copy_bytes
 from .._copy import stream_bytes as _stream_bytes
 from .._errors import RingMPIError
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_by_code
+from .._report import CELLS, DISAGREE, OK, TIMED_OUT, raise_from
 from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
 from ..kernels import Reduction
@@ -198,7 +198,7 @@ class _Window:
     MPI allocates the segments contiguously, in local-rank order (the default
     without ``alloc_shared_noncontig``), so the window is one flat array in which
     rank k's segment starts at ``k * capacity``; a call lays its slots out in the
-    segments as it needs (see :class:`_Pieces`). Reused across calls, grown when
+    segments as it needs (see :func:`_node_passes`). Reused across calls, grown when
     a call needs more.
     """
 
@@ -217,17 +217,16 @@ class _Window:
         node.Barrier()
         self.flag_win.Sync()
         self.handle = handle(self.win)
-        self.calls: Bounded[tuple, tuple] = Bounded(64)  # one-node call shapes (_run_one_node)
+        self.calls: Bounded[tuple, tuple] = Bounded(64)  # call shapes (_run_passes)
 
-    def sync(self, ctx: Context, lay: Layout, step: str, timeout: float) -> None:
-        """Order this pass's stores before the next pass's loads, on every local rank:
-        a barrier through the ranks' flags, compiled, with MPI_Win_sync on this
-        window on both sides (:func:`ringmpi._shm.flag_barrier`). ``step`` names it
-        in the error of a timeout."""
+    def sync(self, ctx: Context, lay: Layout, timeout: float) -> None:
+        """Order the last call's loads before this call's stores, on every local rank
+        (its slots moved): a barrier through the ranks' flags, compiled, with
+        MPI_Win_sync on this window on both sides (:func:`ringmpi._shm.flag_barrier`)."""
         late = flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle,
                             self.sleepy, round(timeout * 1e9))  # fmt: skip
         if late >= 0:
-            raise _late(ctx, lay, late, step, timeout)
+            _fail(np.array([TIMED_OUT, 0, late, 0, 0]), ctx, lay, timeout, "new window layout")
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
@@ -237,19 +236,13 @@ class _Window:
             win.Free()
 
 
-def _late(ctx: Context, lay: Layout, late: int, step: str, timeout: float) -> RingMPIError:
-    """The error of a node barrier that local rank ``late`` did not reach in time."""
-    return timed_out(ctx, timeout, f"rank {ctx.rank}: hierarchical {step}",
-                     f"rank {lay.local_ranks[late]} (local rank {late} of its node) at the "
-                     "node's barrier")  # fmt: skip
-
-
-def _disagree(ctx: Context, lay: Layout, red: Reduction, count: int, odd: int, their_count: int,
-              their_tag: int) -> RingMPIError:  # fmt: skip
-    """The error of a call whose local rank ``odd`` announced another count or tag."""
-    said = disagreement(their_count, count, their_tag, red.tag)
-    return RingMPIError(f"rank {ctx.rank}: hierarchical: rank {lay.local_ranks[odd]} of its "
-                        f"node: {said}")  # fmt: skip
+def _fail(cells: np.ndarray, ctx: Context, lay: Layout, timeout: float, passes: str,
+          red: Reduction | None = None, count: int = 0) -> None:  # fmt: skip
+    """Raise what the node's passes report (``passes``: which, for the message)."""
+    raise_from(cells, ctx, timeout, lambda t: f"rank {ctx.rank}: hierarchical {passes} step {t}",
+               lambda r: f"rank {lay.local_ranks[r]} (local rank {r} of its node)",
+               count=count, tag=0 if red is None else red.tag,
+               waiting=lambda who, _: f"{who} at the node's barrier")  # fmt: skip
 
 
 def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) -> _Window:
@@ -265,15 +258,17 @@ def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) 
     return win
 
 
-# The one-node call's fixed numbers (see _one_node), in one int64 array.
+# A node call's fixed numbers (see _node_passes), in one int64 array, then its report
+# (ringmpi._report: the step is the pass; the rank a local rank).
 _RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN, _SLEEPY, _ISZ = (
     range(13)
 )
-# The timeout (ns), what a timeout reports (the late local rank and the step), the
-# call's count and tag, what a disagreement reports (local rank, its count, its tag).
-_TIMEOUT, _LATE, _STEP, _COUNT, _TAG, _ODD, _ODD_COUNT, _ODD_TAG = range(13, 21)
-# A half type (Reduction.half; 0: none) and what its fold divides by (AVG; 0: none).
-_HALF, _AVG_BY, _NPARAMS = 21, 22, 23
+# The timeout (ns), the call's count and tag, a half type (Reduction.half; 0: none)
+# and what its fold divides by (AVG; 0: none), which passes the call makes.
+_TIMEOUT, _COUNT, _TAG, _HALF, _AVG_BY, _PHASE, _NPARAMS = range(13, 20)
+# The passes: all of a one-node call; or, across nodes, publish and fold into the
+# buffer (before the rails), then store the finished slices and copy out (after).
+ONE_NODE, GATHER, SPREAD = 0, 1, 2
 # Cells of a rank's flag line: the barrier count, then the call's (count, tag).
 _ANNOUNCED = 1
 
@@ -312,28 +307,43 @@ def _put(dst8, at, src8, frm, nbytes, streaming):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags, bounds, owned,
-              theirs, divisor, params):  # fmt: skip
-    """A one-node call, every pass of every piece, compiled: the same steps as the
-    multi-node path's :class:`_Pieces` (see hierarchical_allreduce), with the
-    node's flag barrier between steps. Arrays are the lanes (``work``, ``src``,
-    ``window``, ``scratch``) and their bytes (``...8``); elements are lanes."""
+def _node_passes(work, src, window, scratch, work8, src8, window8, scratch8, flags, bounds, owned,
+                 theirs, divisor, params):  # fmt: skip
+    """The node's passes of a call, every piece, compiled, with the node's flag barrier
+    between steps (see hierarchical_allreduce). ``params[_PHASE]``: ONE_NODE (publish,
+    fold, copy out), GATHER (publish, fold into ``work``: the rails take it from
+    there) or SPREAD (store the finished owned slices, copy out). Arrays are the
+    lanes (``work``, ``src``, ``window``, ``scratch``) and their bytes (``...8``);
+    elements are lanes."""
     rank, nl, stride, slices = params[_RANK], params[_L], params[_STRIDE], params[_S]
     per, sets, pieces, code = params[_PER], params[_SETS], params[_PIECES], params[_CODE]
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
     win, sleepy, isz, timeout = params[_WIN], params[_SLEEPY] != 0, params[_ISZ], params[_TIMEOUT]
-    half, avg_by = params[_HALF], params[_AVG_BY]
+    half, avg_by, phase = params[_HALF], params[_AVG_BY], params[_PHASE]
     starts = np.empty(nl if half else 0, np.int64)  # where a half-type fold's inputs are
-    params[_LATE] = -1
-    params[_ODD] = -1
-    _announce(flags, rank, params[_COUNT], params[_TAG])
+    err = params[_NPARAMS:]
+    err[0] = OK
     me = rank * stride
-    for t in range(pieces + 2):
-        if t < pieces:  # publish piece t: this rank's part of the slices others own
+    # ONE_NODE: step t publishes piece t, folds t - 1 and copies out t - 2; GATHER and
+    # SPREAD: step t publishes (stores) piece t and folds (copies out) t - 1.
+    last = pieces + 1 if phase == ONE_NODE else pieces
+    if phase != SPREAD:
+        _announce(flags, rank, params[_COUNT], params[_TAG])
+    for t in range(last + 1):
+        if t < pieces and phase != SPREAD:  # publish piece t: this rank's part of others' slices
             for jj in range(theirs.size):
                 off, lo, hi = _cut(bounds, theirs[jj], t, per, sets, slices)
                 _put(window8, (me + off) * isz, src8, lo * isz, (hi - lo) * isz, streaming)
-        if 0 < t <= pieces:  # fold piece t - 1 of the owned slices
+        if t < pieces and phase == SPREAD:  # store piece t of the finished owned slices
+            for jj in range(owned.size):
+                off, lo, hi = _cut(bounds, owned[jj], t, per, sets, slices)
+                _put(window8, (me + off) * isz, work8, lo * isz, (hi - lo) * isz, streaming)
+        if 0 < t <= pieces and phase == GATHER:  # fold piece t - 1 into work only
+            for jj in range(owned.size):
+                off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
+                fold_by_code(work[lo:hi], work[:0], src[lo:hi], window, stride, off, rank, nl,
+                             code)  # fmt: skip
+        if 0 < t <= pieces and phase == ONE_NODE:  # fold piece t - 1 of the owned slices
             for jj in range(owned.size):
                 off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
                 n = hi - lo
@@ -367,26 +377,25 @@ def _one_node(work, src, window, scratch, work8, src8, window8, scratch8, flags,
                 if streaming:
                     _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
                     _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
-        if t >= 2:  # copy out piece t - 2 of the slices the others finished
+        # copy out piece t - 2 (ONE_NODE) or t - 1 (SPREAD) of the slices others finished
+        out_piece = t - 2 if phase == ONE_NODE else t - 1 if phase == SPREAD else -1
+        if 0 <= out_piece < pieces:
             for jj in range(theirs.size):
                 j = theirs[jj]
-                off, lo, hi = _cut(bounds, j, t - 2, per, sets, slices)
+                off, lo, hi = _cut(bounds, j, out_piece, per, sets, slices)
                 at = (j % nl) * stride + off
                 _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
-        if t <= pieces:
+        if t < last:
             late = flag_barrier(flags, nl, _FLAG_CELLS, rank, win, sleepy, timeout)
             if late >= 0:  # the local rank that did not reach step t
-                params[_LATE], params[_STEP] = late, t
+                err[0], err[1], err[2], err[3] = TIMED_OUT, t, late, 0
                 return
-            if t == 0:  # every rank sees every announcement: all stop here alike
+            if t == 0 and phase != SPREAD:  # every rank sees every announcement: all stop
                 odd = _odd_one(flags, nl, params[_COUNT], params[_TAG])
                 if odd >= 0:
                     at = odd * _FLAG_CELLS + _ANNOUNCED
-                    params[_ODD], params[_ODD_COUNT], params[_ODD_TAG] = (
-                        odd,
-                        flags[at],
-                        flags[at + 1],
-                    )
+                    err[0], err[1], err[2] = DISAGREE, 0, odd
+                    err[3], err[4] = flags[at], flags[at + 1]
                     return
 
 
@@ -439,65 +448,39 @@ def hierarchical_allreduce(
         # The slots move: nobody may still be reading the last call's (a call with
         # the same slots needs no such step, see below).
         if win.shape is not None:
-            win.sync(ctx, lay, "new window layout", timeout)
+            win.sync(ctx, lay, timeout)
         win.shape = shape
     started = MPI.Wtime()
+    passes = (work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout)
     if lay.nodes == 1:
-        _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout)
-        if timing is not None:
-            timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
-        if _trace._active:
-            owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
-            loaded = owned * (lay.local_size - 1) + work.size - owned
-            _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
-        return
-    go = _Pieces(work, src, red, lay, win, bounds, per, sets, way == "streaming")
-    _announce(win.flags, lay.local_rank, work.size, red.tag)
-    # Piece p uses slot set p % 2, and its three passes run in consecutive steps,
-    # software-pipelined: step t publishes piece t, folds piece t - 1 and copies
-    # out piece t - 2, with one node synchronisation per step. Every pass is thus
-    # separated by one from the pass before it on the same piece, and from the
-    # passes of piece p - 2 that used the same slots.
-    # Across nodes: publish and fold the whole buffer into `work`, ring the owned
-    # slices along their rails, then publish the results and copy out.
-    for t in range(pieces + 1):
-        if t < pieces:
-            go.publish(t)
-        if t > 0:
-            go.fold(t - 1)
-        if t < pieces:
-            win.sync(ctx, lay, f"publish and fold step {t}", timeout)
-        if t == 0:  # every rank sees every announcement: all stop here alike
-            odd = _odd_one(win.flags, lay.local_size, work.size, red.tag)
-            if odd >= 0:
-                at = odd * _FLAG_CELLS + _ANNOUNCED
-                raise _disagree(ctx, lay, red, work.size, odd, *win.flags[at : at + 2].tolist())
-    # AVG sums across nodes and divides once, by the slice's owner.
-    across = red.partials()
-    for j in lay.owned:
-        acc = work[bounds[j] : bounds[j + 1]]
-        rail = lay.rails[j]
-        try:
-            run_ring(
-                acc, across, rail, timeout, algorithm="hierarchical",
-                phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
-            )  # fmt: skip
-        except RingMPIError as exc:
-            if rail.broken is not None:  # the rail's messages may be in flight
-                ctx.break_off(str(exc))
-            raise
-        red.finish(acc, ctx.size)
-    for t in range(pieces + 1):
-        if t < pieces:
-            go.store(t)
-        if t > 0:
-            go.copy_out(t - 1)
-        if t < pieces:
-            win.sync(ctx, lay, f"store and copy-out step {t}", timeout)
+        _run_passes(*passes, ONE_NODE)
+    else:
+        # Across nodes: publish and fold the whole buffer into `work`, ring the owned
+        # slices along their rails, then store the results and copy out.
+        _run_passes(*passes, GATHER)
+        across = red.partials()  # AVG sums across nodes and divides once, by the owner
+        for j in lay.owned:
+            acc = work[bounds[j] : bounds[j + 1]]
+            rail = lay.rails[j]
+            try:
+                run_ring(
+                    acc, across, rail, timeout, algorithm="hierarchical",
+                    phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
+                )  # fmt: skip
+            except RingMPIError as exc:
+                if rail.broken is not None:  # the rail's messages may be in flight
+                    ctx.break_off(str(exc))
+                raise
+            red.finish(acc, ctx.size)
+        _run_passes(*passes, SPREAD)
     if timing is not None:
         timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
     if _trace._active:
-        _trace.record_shared(written=go.stored * dt.itemsize, read=go.loaded * dt.itemsize)
+        # Every element is stored once (a contribution or a result); an owned one is
+        # loaded from the L - 1 other ranks, any other once (copied out).
+        owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
+        loaded = owned * (lay.local_size - 1) + work.size - owned
+        _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
 
 
 def _slowest(ctx: Context, lay: Layout, took: float, timeout: float) -> float:
@@ -519,23 +502,22 @@ def _streams_out(nbytes: int) -> bool:
     return nbytes >= _STREAM_OUT_FROM
 
 
-def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout):
-    """The one-node call through :func:`_one_node` (one compiled call)."""
+def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout, phase):
+    """The node's passes of a call through :func:`_node_passes` (one compiled call)."""
     streaming = way == "streaming"
     lanes = red.lanes
     into, frm = lanes(work), lanes(src)
     w = into.size // work.size if work.size else 1  # lanes per element
-    key = (work.size, red.tag, per, sets, streaming, timeout)
+    key = (work.size, red.tag, per, sets, streaming, timeout, phase)
     found = win.calls.get(key)
     if found is None:
         ld = into.dtype
-        params = np.zeros(_NPARAMS, np.int64)
-        params[: _TIMEOUT + 1] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
-                     lay.slices, per * w, sets, pieces, red.code, int(streaming),
-                     int(_streams_out(work.nbytes)), win.handle,
-                     int(win.sleepy), ld.itemsize, round(timeout * 1e9))  # fmt: skip
-        params[_COUNT], params[_TAG] = work.size, red.tag
-        params[_HALF], params[_AVG_BY] = red.half, red.avg_divisor(ctx.size) if red.half else 0
+        params = np.zeros(_NPARAMS + CELLS, np.int64)
+        params[:_NPARAMS] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
+                             lay.slices, per * w, sets, pieces, red.code, int(streaming),
+                             int(_streams_out(work.nbytes)), win.handle, int(win.sleepy),
+                             ld.itemsize, round(timeout * 1e9), work.size, red.tag, red.half,
+                             red.avg_divisor(ctx.size) if red.half else 0, phase)  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -543,13 +525,12 @@ def _run_one_node(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way,
         )  # fmt: skip
         win.calls.put(key, found)
     params, lanes_bounds, owned, theirs, divisor, window, scratch = found
-    _one_node(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
-              scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
-              params)  # fmt: skip
-    if params.item(_LATE) >= 0:
-        raise _late(ctx, lay, params.item(_LATE), f"one-node step {params.item(_STEP)}", timeout)
-    if params.item(_ODD) >= 0:
-        raise _disagree(ctx, lay, red, work.size, *params[_ODD : _ODD_TAG + 1].tolist())
+    _node_passes(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
+                 scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
+                 params)  # fmt: skip
+    if params.item(_NPARAMS) != OK:
+        names = {ONE_NODE: "one-node", GATHER: "publish and fold", SPREAD: "store and copy-out"}
+        _fail(params[_NPARAMS:], ctx, lay, timeout, names[phase], red, work.size)
 
 
 def _choose(ctx: Context, key: tuple, nbytes: int, stores: str):
@@ -641,62 +622,6 @@ class _Choice:
         pass
 
 
-class _Pieces:
-    """The passes of one call through the window, piece by piece (elements counted),
-    across nodes (one node runs them compiled: :func:`_one_node`).
-
-    Rank k's segment holds ``sets`` sets of S slots of ``per`` elements: slot
-    (b, j) carries, for the current piece, this rank's part of slice j -- its
-    contribution where another rank owns j, the result where it owns j itself.
-    """
-
-    def __init__(self, work, src, red, lay, win, bounds, per: int, sets: int, streaming: bool):
-        self.work, self.src, self.red = work, src, red
-        self.streaming = streaming  # stores to the window go past the caches
-        self.stream_out = _streams_out(work.nbytes)
-        self.window = win.flat.view(work.dtype)
-        self.stride = win.capacity // work.dtype.itemsize  # elements per segment
-        self.bounds = np.asarray(bounds, np.int64)
-        self.lay, self.per, self.sets = lay, per, sets
-        self.me = lay.local_rank * self.stride
-        self.stored = self.loaded = 0
-
-    def _cut(self, j: int, p: int) -> tuple[int, int, int]:
-        return _cut(self.bounds, j, p, self.per, self.sets, self.lay.slices)
-
-    def _put(self, slices: list[int], data: np.ndarray, p: int) -> None:
-        for j in slices:
-            off, lo, hi = self._cut(j, p)
-            copy(self.window[self.me + off : self.me + off + hi - lo], data[lo:hi], self.streaming)
-            self.stored += hi - lo
-
-    def publish(self, p: int) -> None:
-        """Store this rank's part of the slices others own."""
-        self._put(self.lay.theirs, self.src, p)
-
-    def fold(self, p: int) -> None:
-        """Reduce the owned slices over the L contributions into `work` (the rails
-        take them from there), in one kernel call each: this rank's own from
-        `src`, the others' from their slots, in local-rank order."""
-        for j in self.lay.owned:
-            off, lo, hi = self._cut(j, p)
-            self.red.fold(self.work[lo:hi], self.work[:0], self.src[lo:hi], self.window,
-                          self.stride, off, self.lay.local_rank, self.lay.local_size)  # fmt: skip
-            self.loaded += (hi - lo) * (self.lay.local_size - 1)
-
-    def store(self, p: int) -> None:
-        """Publish the finished owned slices (after the rails)."""
-        self._put(self.lay.owned, self.work, p)
-
-    def copy_out(self, p: int) -> None:
-        """Copy the slices the other local ranks finished into `work`."""
-        for j in self.lay.theirs:
-            off, lo, hi = self._cut(j, p)
-            at = (j % self.lay.local_size) * self.stride + off
-            copy(self.work[lo:hi], self.window[at : at + hi - lo], self.stream_out)
-            self.loaded += hi - lo
-
-
 # The buffer's bytes per node_step in the model: the unit its constants (tuning.DEFAULTS,
 # CROWDED) were fitted with, twice the pipeline's PIECE_BYTES.
 _MODEL_STEP = 2 * PIECE_BYTES
@@ -717,12 +642,12 @@ def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, floa
 
 
 def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the one-node loop for each lanes dtype."""
+    """Compile (or load from Numba's cache) the node's passes for each lanes dtype."""
     i64 = numba.typeof(np.zeros(1, np.int64))
     u8 = numba.typeof(np.zeros(1, np.uint8))
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
-        _one_node.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
+        _node_passes.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
 
 
 # Where ranks crowd the cores (8 or more per core) every node synchronisation polls

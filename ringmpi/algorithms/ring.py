@@ -55,11 +55,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import _engine
-from .._cache import Bounded
 from .._comm import Context
 from .._copy import copy
 from ..kernels import Reduction
-from ..plans import FINAL, REDUCE, STORE, Plan, Rows
+from ..plans import FINAL, FOLD, FROM_INPUT, REDUCE, STORE, TO_SLOTS, Plan, Rows
 from ..schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
 from .registry import register
 
@@ -103,8 +102,10 @@ def direct_exchange(nranks: int, rank: int, count: int, itemsize: int = 1) -> Pl
         theirs = (rank + 1 + s) % nranks
         send = ((rank + s) % nranks, bounds[theirs], bounds[theirs + 1] - bounds[theirs])
         recv = ((rank - s) % nranks, count + (s - 1) * length, length)
-        rows.add(DIRECT_EXCHANGE, s - 1, send, recv)
-    return rows.plan(count)
+        # The last step completes every contribution: its segments are folded as they come.
+        rows.add(DIRECT_EXCHANGE, s - 1, send, recv,
+                 FROM_INPUT | TO_SLOTS | (FOLD if s == nranks - 1 else 0))  # fmt: skip
+    return rows.plan(count, starts=direct_slots(nranks, rank, count), chunk=bounds[mine])
 
 
 def direct_slots(nranks: int, rank: int, count: int) -> np.ndarray:
@@ -147,46 +148,15 @@ def ring_half(
 ) -> None:
     """The ring for the half types: inputs exchanged directly, one rounding, all-gather."""
     n = work.size
-    out, src = red.lanes(work), red.lanes(work if source is None else source)
     if ctx.size == 1:
         if source is not None:
-            copy(out, src)
+            copy(red.lanes(work), red.lanes(source))
         return
-    mine = ctx.state(RING).chunk(ctx, n)
     # Sends read the input where it lies; the other ranks' contributions to the chunk
     # this rank finishes land in N - 1 slots, folded segment by segment as they arrive.
-    slots = ctx.scratch(2 * mine.slots).view(np.uint16)
-    _engine.run_half(ctx.plan(direct_exchange, n, 2), out, src, slots, mine.starts, mine.lo, red,
-                     ctx, "ring", timeout)  # fmt: skip
-    _engine.run(ctx.plan(all_gather, n, 2), out, red, ctx, "ring", timeout)
-
-
-class _Chunk:
-    """Per count: the chunk this rank finishes, where each rank's contribution to it
-    lies (the input below the count, the slots from it on), the slots' length."""
-
-    def __init__(self, ctx: Context, n: int) -> None:
-        bounds = chunk_bounds(n, ctx.size)
-        c = (ctx.rank + 1) % ctx.size
-        self.lo, self.hi = bounds[c], bounds[c + 1]
-        self.starts = direct_slots(ctx.size, ctx.rank, n)
-        self.slots = (ctx.size - 1) * (self.hi - self.lo)
-
-
-class _State:
-    """The ring's state on a communicator: the half types' chunks, per count."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.chunks: Bounded[int, _Chunk] = Bounded(64)
-
-    def chunk(self, ctx: Context, n: int) -> _Chunk:
-        found = self.chunks.get(n)
-        if found is None:
-            found = self.chunks.put(n, _Chunk(ctx, n))
-        return found
-
-    def free(self) -> None:
-        self.chunks.clear()
+    _engine.run(ctx.plan(direct_exchange, n, 2), work, red, ctx, "ring", timeout,
+                source=work if source is None else source)  # fmt: skip
+    _engine.run(ctx.plan(all_gather, n, 2), work, red, ctx, "ring", timeout)
 
 
 def run_ring(
@@ -215,5 +185,4 @@ RING = register(
     terms=terms,
     summary="Ring all-reduce: reduce-scatter then all-gather with the ring neighbours, pipelined.",
     half=ring_half,
-    state=_State,
 )

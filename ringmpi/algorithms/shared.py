@@ -37,10 +37,10 @@ import numpy as np
 
 from .. import _trace
 from .._capi import handle, mpi_win_sync, store_release
-from .._comm import Context, disagreement, timed_out
-from .._errors import RingMPIError
+from .._comm import Context
 from .._half import fold_half_parts
 from .._ops import combine_by_code, divide_by
+from .._report import CELLS, DISAGREE, TIMED_OUT, raise_from
 from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import register
@@ -50,12 +50,10 @@ __all__ = ["SET_BYTES", "prepare", "warm"]
 # Bytes of data in each of a slot's two sets: the piece one call number carries.
 SET_BYTES = 1 << 16
 _HEADER = 64  # a cache line of int64 cells: the flag, then (count, code) per set
-# params cells (int64), then the report [what, rank, detail, detail]: what is
-# _DISAGREE (rank, its count, its code) or _TIMED_OUT (rank, piece)
+# params cells (int64), then the report (ringmpi._report; the step is the piece)
 # _HALF: the half type (Reduction.half, 0: none), _AVG_BY: what its fold divides by
 (_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _HALF,
  _AVG_BY, _NPARAMS) = range(14)  # fmt: skip
-_DISAGREE, _TIMED_OUT = 1, 2
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -89,13 +87,14 @@ def _allreduce(work, source, data, flags, params, divisor):
         store_release(flags, me, seq)
         late = await_flags(flags, size, fstride, 0, seq, sleepy, timeout)
         if late >= 0:
-            err[0], err[1], err[2] = _TIMED_OUT, late, done // cap
+            err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 0
             return
         mpi_win_sync(win)
         for r in range(size):
             their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
             if their_n != n or their_tag != tag:
-                err[0], err[1], err[2], err[3] = _DISAGREE, r, their_n, their_tag
+                err[0], err[1], err[2] = DISAGREE, done // cap, r
+                err[3], err[4] = their_n, their_tag
                 return
         out = work[done : done + m]
         if half:
@@ -178,7 +177,7 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
             node.open(ctx, timeout)
         lanes = red.lanes(np.zeros(0, red.dtype)).dtype
         isz = lanes.itemsize
-        params = np.zeros(_NPARAMS + 4, np.int64)
+        params = np.zeros(_NPARAMS + CELLS, np.int64)
         params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                              _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
                              int(ctx.sleepy), node.handle, round(timeout * 1e9), red.half,
@@ -213,13 +212,13 @@ def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
 
 def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context,
            timeout: float) -> None:  # fmt: skip
-    what, r, their_n, their_tag = (int(x) for x in report)
-    if what == _TIMED_OUT:
-        raise timed_out(ctx, timeout, f"rank {ctx.rank}: shared_memory publish piece {their_n}",
-                        f"rank {r} to publish its piece {their_n}")  # fmt: skip
-    per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element
-    said = disagreement(their_n // per, lanes.size // per, their_tag, red.tag)
-    raise RingMPIError(f"rank {ctx.rank}: shared_memory: rank {r}'s slot: {said}")
+    cells = report.copy()
+    per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element: counts in elements
+    cells[3] //= per
+    raise_from(cells, ctx, timeout,
+               lambda piece: f"rank {ctx.rank}: shared_memory publish piece {piece}",
+               lambda r: f"rank {r}", count=lanes.size // per, tag=red.tag,
+               waiting=lambda who, _: f"{who} to publish its piece")  # fmt: skip
 
 
 def shared_memory_allreduce(

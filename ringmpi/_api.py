@@ -304,8 +304,8 @@ def _run(
 
 # --- calls that repeat -------------------------------------------------------------
 # A loop that all-reduces the same arrays again and again (gradients, residuals) pays
-# for the argument checks and lookups above on every call: about 2 us, as much as an
-# 8-byte MPI_Allreduce itself. So calls are remembered -- their arrays by weak
+# for the argument checks and lookups above on every call, as much as a small
+# MPI_Allreduce itself (docs/performance.md). So calls are remembered -- their arrays by weak
 # reference, with what was derived from them -- and a call with the very same
 # objects goes straight to the algorithm, after checking everything that could make
 # it differ: the arrays' shape, dtype and flags, the settings snapshot, an open

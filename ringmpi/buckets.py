@@ -59,12 +59,10 @@ from ._errors import RingMPIError
 
 __all__ = ["BUCKET_BYTES", "allreduce_many"]
 
-# 4 MiB: the fastest fused size in docs/performance.md's runs (200 float32 arrays of
-# 1-64 KiB at 2 and 4 ranks; 16 KiB-1 MiB at 2): 256 KiB buckets pay the per-collective
-# latency again, and one bucket for 56 MiB was the slowest (it no longer stays in
-# cache between packing, reducing and unpacking). PyTorch DDP's 25 MiB and Horovod's
-# 64 MiB are sized to overlap communication with a GPU's backward pass; ringmpi's
-# calls are synchronous on the CPU, with nothing to overlap.
+# The fastest fused size measured (docs/performance.md): smaller buckets pay the
+# per-collective latency again, larger ones no longer stay in cache between packing,
+# reducing and unpacking. (PyTorch DDP's 25 MiB and Horovod's 64 MiB are sized to
+# overlap a GPU's backward pass; these calls are synchronous, with nothing to overlap.)
 BUCKET_BYTES = 4 << 20
 
 _PLANS_KEPT = 4  # signatures whose plans (and pack buffers) are kept

@@ -91,21 +91,57 @@ class Simulated:
     messages: list[int]
     steps: list[int]
     results: list[list] = field(default_factory=list, repr=False)
+    # per rank and element, the ranks whose contributions it holds at the end
+    held: list[list[frozenset]] = field(default_factory=list, repr=False)
 
 
-def simulate(build, nranks: int, count: int, itemsize: int = 1) -> Simulated:
+def simulate(build, nranks: int, count: int, itemsize: int = 1, complete: bool = True) -> Simulated:
     """Run every rank's plan ``build(nranks, rank, count, itemsize)`` without MPI, each
-    element a set of contributions and the expression that combines them.
+    element a set of contributions and the expression that combines them
+    (``complete=False``: plans of a part, which leave elements unfinished).
 
     A row's sends leave when the row starts; its receive completes when the
     matching message (the next one from that peer, in order) is there. Raises
     AssertionError if the plans deadlock, a message's length differs from what
     its receiver expects, a reduce would count a contribution twice, or any
     rank ends without every contribution in every element.
+
+    Elements that no row's bounds separate go through every step alike: they are
+    simulated as one run each (and one by one where a message's runs would not
+    line up with its receiver's).
     """
     plans = [build(nranks, r, count, itemsize) for r in range(nranks)]
-    held = [[frozenset([r])] * count for r in range(nranks)]
-    exprs: list[list] = [[r] * count for r in range(nranks)]
+    cuts = {0, count}
+    for p in plans:
+        t = p.table
+        for off, n in ((SEND_OFF, SEND_LEN), (RECV_OFF, RECV_LEN)):
+            cuts.update(int(c) for c in t[:, off])
+            cuts.update(int(c) for c in t[:, off] + t[:, n])
+    bounds = sorted(c for c in cuts if 0 <= c <= count)
+    try:
+        return _simulate(plans, nranks, count, itemsize, complete, bounds)
+    except _MisalignedError:
+        return _simulate(plans, nranks, count, itemsize, complete, list(range(count + 1)))
+
+
+class _MisalignedError(Exception):
+    """A message's runs do not line up with its receiver's (simulate per element)."""
+
+
+def _simulate(plans, nranks, count, itemsize, complete, bounds) -> Simulated:
+    runs = len(bounds) - 1
+    length = [bounds[k + 1] - bounds[k] for k in range(runs)]
+    at = {c: k for k, c in enumerate(bounds)}  # element -> the run that starts there
+
+    def span(off: int, n: int) -> range:
+        if n == 0:
+            return range(0)
+        if off not in at or off + n not in at:
+            raise _MisalignedError
+        return range(at[off], at[off + n])
+
+    held = [[frozenset([r])] * runs for r in range(nranks)]
+    exprs: list[list] = [[r] * runs for r in range(nranks)]
     queues: dict[tuple[int, int], deque] = {}
     row_of = [0] * nranks
     posted = [False] * nranks
@@ -119,8 +155,8 @@ def simulate(build, nranks: int, count: int, itemsize: int = 1) -> Simulated:
             row = table[row_of[r]]
             if not posted[r]:
                 if row[SEND_TO] >= 0:
-                    at = slice(row[SEND_OFF], row[SEND_OFF] + row[SEND_LEN])
-                    data = list(zip(held[r][at], exprs[r][at], strict=True))
+                    ks = span(int(row[SEND_OFF]), int(row[SEND_LEN]))
+                    data = [(length[k], held[r][k], exprs[r][k]) for k in ks]
                     queues.setdefault((r, int(row[SEND_TO])), deque()).append(data)
                     sent.bytes_sent[r] += int(row[SEND_LEN]) * itemsize
                     sent.messages[r] += 1
@@ -132,20 +168,23 @@ def simulate(build, nranks: int, count: int, itemsize: int = 1) -> Simulated:
                 if not q:
                     continue
                 data = q.popleft()
-                assert len(data) == row[RECV_LEN], (
-                    f"rank {r} row {row_of[r]}: got {len(data)} elements, expects {row[RECV_LEN]}"
+                got_n = sum(n for n, _, _ in data)
+                assert got_n == row[RECV_LEN], (
+                    f"rank {r} row {row_of[r]}: got {got_n} elements, expects {row[RECV_LEN]}"
                 )
-                off = int(row[RECV_OFF])
-                for i, (got, expr) in enumerate(data):
+                ks = span(int(row[RECV_OFF]), int(row[RECV_LEN]))
+                if [length[k] for k in ks] != [n for n, _, _ in data]:
+                    raise _MisalignedError
+                for k, (_, got, expr) in zip(ks, data, strict=True):
                     if row[ACTION] & REDUCE:
-                        assert not (held[r][off + i] & got), f"rank {r}: element {off + i} twice"
-                        held[r][off + i] = held[r][off + i] | got
-                        mine = exprs[r][off + i]
+                        assert not (held[r][k] & got), f"rank {r}: element {bounds[k]} twice"
+                        held[r][k] = held[r][k] | got
+                        mine = exprs[r][k]
                         theirs_first = row[ACTION] & THEIRS_FIRST
-                        exprs[r][off + i] = (expr, mine) if theirs_first else (mine, expr)
+                        exprs[r][k] = (expr, mine) if theirs_first else (mine, expr)
                     else:
-                        held[r][off + i] = got
-                        exprs[r][off + i] = expr
+                        held[r][k] = got
+                        exprs[r][k] = expr
                 if row[SEND_TO] < 0:
                     sent.steps[r] += 1
             row_of[r] += 1
@@ -155,9 +194,14 @@ def simulate(build, nranks: int, count: int, itemsize: int = 1) -> Simulated:
             break
         assert moved, f"the plans deadlock at rows {row_of}"
     everyone = frozenset(range(nranks))
-    for r in range(nranks):
-        missing = [i for i in range(count) if held[r][i] != everyone]
+    for r in range(nranks if complete else 0):
+        missing = [bounds[k] for k in range(runs) if length[k] and held[r][k] != everyone]
         assert not missing, f"rank {r} ends without every contribution in elements {missing[:5]}"
     assert all(not q for q in queues.values()), "messages left unreceived"
-    sent.results = exprs
+
+    def per_element(values: list) -> list:
+        return [v for k, v in enumerate(values) for _ in range(length[k])]
+
+    sent.results = [per_element(e) for e in exprs]
+    sent.held = [per_element(h) for h in held]
     return sent

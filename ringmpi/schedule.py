@@ -1,4 +1,4 @@
-"""The ring all-reduce schedule as pure data, and a simulator that counts its cost.
+"""The ring all-reduce schedule and the node layouts, as pure data.
 
 Vocabulary (the rest of the package follows it):
 
@@ -20,7 +20,7 @@ After reduce-scatter, rank ``r`` holds the finished chunk ``r + 1`` (all
 indices modulo ``N``); all-gather passes the finished chunks once around.
 
 ``python -m ringmpi schedule N`` prints the step table and the cost table,
-both counted by simulating every rank with this module's schedule.
+counted by simulating every rank's plan (:func:`ringmpi.plans.simulate`).
 """
 
 from __future__ import annotations
@@ -31,15 +31,11 @@ from dataclasses import dataclass
 __all__ = [
     "ALL_GATHER",
     "REDUCE_SCATTER",
-    "Cost",
     "Step",
     "chunk_bounds",
     "hierarchical_plan",
     "owned_slices",
     "ring_steps",
-    "simulate_hierarchical",
-    "simulate_naive",
-    "simulate_ring",
     "virtual_node",
 ]
 
@@ -87,84 +83,6 @@ def ring_steps(nranks: int, rank: int) -> Iterator[Step]:
         yield Step(ALL_GATHER, s, (rank - s + 1) % n, (rank - s) % n, False)
 
 
-@dataclass
-class Cost:
-    """Traffic counted by a simulation, per rank and in total."""
-
-    nranks: int
-    count: int  # elements in the buffer
-    itemsize: int
-    bytes_sent: list[int]  # per rank
-    steps: list[int]  # serial steps per rank
-    messages: int  # chunk sends over all ranks
-
-    @property
-    def buffer_bytes(self) -> int:
-        return self.count * self.itemsize
-
-    @property
-    def max_bytes_ratio(self) -> float:
-        """Most bytes any rank sent, as a multiple of the buffer."""
-        return max(self.bytes_sent) / self.buffer_bytes if self.buffer_bytes else 0.0
-
-
-def simulate_ring(
-    nranks: int, count: int, itemsize: int = 1
-) -> tuple[Cost, list[list[set]], list[list[set]]]:
-    """Run the ring schedule on simulated ranks, tracking contributions, not values.
-
-    Returns the counted cost and, for every rank and chunk, the set of ranks
-    whose contribution that rank's copy of the chunk holds after reduce-scatter
-    and at the end.
-    Raises AssertionError if the schedule ever reduces a chunk into the wrong
-    place, counts a contribution twice, or leaves a rank without the full sum.
-    """
-    bounds = chunk_bounds(count, nranks)
-    held = [[{r} for _ in range(nranks)] for r in range(nranks)]
-    bytes_sent = [0] * nranks
-    steps = [0] * nranks
-    messages = 0
-    plans = [list(ring_steps(nranks, r)) for r in range(nranks)]
-    after_reduce_scatter = held
-    for k in range(2 * (nranks - 1)):
-        if k == nranks - 1:
-            after_reduce_scatter = [[set(c) for c in chunks] for chunks in held]
-        # Everyone sends before anyone receives: a step is simultaneous.
-        in_flight = []
-        for r in range(nranks):
-            st = plans[r][k]
-            right = (r + 1) % nranks
-            nbytes = (bounds[st.send_chunk + 1] - bounds[st.send_chunk]) * itemsize
-            in_flight.append((right, st.send_chunk, frozenset(held[r][st.send_chunk])))
-            bytes_sent[r] += nbytes
-            steps[r] += 1
-            messages += 1
-        for right, chunk, contrib in in_flight:
-            st = plans[right][k]
-            assert st.recv_chunk == chunk, (right, k, st, chunk)
-            if st.phase == REDUCE_SCATTER:
-                assert not (held[right][chunk] & contrib), "a contribution counted twice"
-                held[right][chunk] = held[right][chunk] | contrib
-            else:
-                held[right][chunk] = set(contrib)
-    if nranks == 1:
-        after_reduce_scatter = [[set(c) for c in chunks] for chunks in held]
-    cost = Cost(nranks, count, itemsize, bytes_sent, steps, messages)
-    return cost, after_reduce_scatter, held
-
-
-def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
-    """Count the naive all-reduce: every rank sends its whole buffer to every other."""
-    bytes_sent = [0] * nranks
-    messages = 0
-    for r in range(nranks):
-        for peer in range(nranks):
-            if peer != r:
-                bytes_sent[r] += count * itemsize
-                messages += 1
-    return Cost(nranks, count, itemsize, bytes_sent, [nranks - 1] * nranks, messages)
-
-
 # --- the hierarchical plan -----------------------------------------------------
 
 
@@ -198,45 +116,3 @@ def hierarchical_plan(nranks: int, per_node: int, placement: str = "block") -> H
     nslices = max(len(n) for n in nodes)
     rails = [[n[j % len(n)] for n in nodes] for j in range(nslices)]
     return HierarchicalPlan(nodes, nslices, rails)
-
-
-@dataclass
-class HierarchicalCost:
-    inter_bytes: list[int]  # per rank, sent over the rails
-    inter_steps: list[int]  # per rank, serial: 2(M-1) per rail it runs
-    shared_stored: list[int]  # per rank, bytes stored to the node's window
-    shared_loaded: list[int]  # per rank, bytes loaded from it
-
-
-def simulate_hierarchical(
-    nranks: int, per_node: int, placement: str, count: int, itemsize: int = 1
-) -> HierarchicalCost:
-    """Count the hierarchical algorithm's traffic by running its plan on simulated ranks.
-
-    The rails run the ring's own simulator, and the simulated contributions are
-    checked: every slice ends complete, each rank's contribution counted once.
-    """
-    plan = hierarchical_plan(nranks, per_node, placement)
-    bounds = chunk_bounds(count, plan.nslices)
-    cost = HierarchicalCost(*([0] * nranks for _ in range(4)))
-    for node in plan.nodes:
-        for local, r in enumerate(node):
-            owned = owned_slices(local, len(node), plan.nslices)
-            for j in range(plan.nslices):
-                span = (bounds[j + 1] - bounds[j]) * itemsize
-                cost.shared_stored[r] += span  # a contribution or a result, once each
-                cost.shared_loaded[r] += span * (len(node) - 1) if j in owned else span
-    everyone = set(range(nranks))
-    for j, rail in enumerate(plan.rails):
-        length = bounds[j + 1] - bounds[j]
-        ring, _, held = simulate_ring(len(rail), length, itemsize)
-        for p, r in enumerate(rail):
-            cost.inter_bytes[r] += ring.bytes_sent[p]
-            cost.inter_steps[r] += ring.steps[p]
-        # Rail position p brings node p's sum; the ring must leave every position with
-        # every node's sum, and the nodes partition the ranks: each counted once.
-        m = len(rail)
-        for p in range(m):
-            assert all(chunk == set(range(m)) for chunk in held[p]), (j, p)
-    assert sorted(r for node in plan.nodes for r in node) == sorted(everyone)
-    return cost

@@ -11,11 +11,8 @@ from ringmpi.schedule import (
     hierarchical_plan,
     owned_slices,
     ring_steps,
-    simulate_hierarchical,
-    simulate_naive,
-    simulate_ring,
 )
-from ringmpi.tools.schedule import main
+from ringmpi.tools.schedule import main, simulate_hierarchical, simulate_naive, simulate_ring
 
 RING_SIZES = range(1, 65)
 

@@ -23,7 +23,7 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    order on every rank, so the rails never wait on each other in a cycle.
 3. Every rank copies the slices it does not own out of shared memory.
 
-The buffer goes through the window in **pieces** (2 MiB of it at a time), so
+The buffer goes through the window in **pieces** (PIECE_BYTES, 1 MiB, at a time), so
 that every pass works in cache, software-pipelined: while piece p is
 published, piece p - 1 is folded and piece p - 2 copied out, with one node
 synchronisation per step. Stores to the window are ordinary ("cached"), which
@@ -180,8 +180,7 @@ _TRIALS = 3
 # Calls of the chosen way after which the trials run again regardless.
 _RETRY = 256
 # From this buffer size on, auto times both ways (below it, it stores cached): across
-# dies the cached way was 1.3-3.7 times slower from 16 KiB to 1 MiB at 2 ranks, where
-# auto takes the hierarchical algorithm from 512 KiB (docs/performance.md).
+# dies the cached way is slower from tens of KiB on (docs/performance.md).
 _TIMED_FROM = 1 << 16
 # From this buffer size on, the copy out of the window into the user's buffer streams
 # past the caches (see _streams_out).
@@ -496,9 +495,7 @@ def _slowest(ctx: Context, lay: Layout, took: float, timeout: float) -> float:
 def _streams_out(nbytes: int) -> bool:
     """Whether copies into the user's buffer stream past the caches: from
     _STREAM_OUT_FROM on, whichever way the window is stored to. A streaming store
-    skips reading the line it overwrites; the cached way used to leave the
-    result in the cache instead, and was about a tenth slower for it at 16 MiB
-    on 2 ranks (docs/performance.md)."""
+    skips reading the line it overwrites (docs/performance.md has the comparison)."""
     return nbytes >= _STREAM_OUT_FROM
 
 

@@ -1,25 +1,118 @@
 """``python -m ringmpi schedule N``: the ring's step table and cost, or the hierarchical plan.
 
-Every figure is counted by simulating every rank with :mod:`ringmpi.schedule`'s
-schedule (``--ranks-per-node K``: the hierarchical plan for emulated nodes of K
-ranks, ``--plot`` its picture).
+Every figure is counted by simulating every rank's plan with the one simulator,
+:func:`ringmpi.plans.simulate` (``--ranks-per-node K``: the hierarchical plan for
+emulated nodes of K ranks, ``--plot`` its picture).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
+from ringmpi import algorithms, plans
 from ringmpi.schedule import (
+    REDUCE_SCATTER,
+    chunk_bounds,
     hierarchical_plan,
+    owned_slices,
     ring_steps,
-    simulate_hierarchical,
-    simulate_naive,
-    simulate_ring,
 )
 
 from . import prog
 
-__all__ = ["main", "plot_hierarchical"]
+__all__ = ["Cost", "main", "plot_hierarchical", "simulate_hierarchical", "simulate_naive",
+           "simulate_ring"]  # fmt: skip
+
+
+@dataclass
+class Cost:
+    """Traffic counted by a simulation, per rank and in total."""
+
+    nranks: int
+    count: int  # elements in the buffer
+    itemsize: int
+    bytes_sent: list[int]  # per rank
+    steps: list[int]  # serial steps per rank
+    messages: int  # chunk sends over all ranks
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self.count * self.itemsize
+
+    @property
+    def max_bytes_ratio(self) -> float:
+        """Most bytes any rank sent, as a multiple of the buffer."""
+        return max(self.bytes_sent) / self.buffer_bytes if self.buffer_bytes else 0.0
+
+
+def _ring_plan():
+    return algorithms.get("ring").plan
+
+
+def simulate_ring(nranks: int, count: int, itemsize: int = 1):
+    """The ring's plan run on simulated ranks: its counted cost, and for every rank and
+    chunk the ranks whose contributions that rank's copy holds after the
+    reduce-scatter and at the end (empty for an empty chunk)."""
+    ring = _ring_plan()
+
+    def reduce_scatter(n: int, r: int, c: int, i: int) -> plans.Plan:
+        p = ring(n, r, c, i)
+        keep = [k for k, row in enumerate(p.table) if p.phases[row[plans.PHASE]] == REDUCE_SCATTER]
+        return plans.Plan(p.table[keep], p.phases, c)
+
+    whole = plans.simulate(ring, nranks, count, itemsize)
+    part = plans.simulate(reduce_scatter, nranks, count, itemsize, complete=False)
+    bounds = chunk_bounds(count, nranks)
+
+    def chunks(held) -> list[list[set]]:
+        return [[set(h[bounds[c]]) if bounds[c + 1] > bounds[c] else set() for c in range(nranks)]
+                for h in held]  # fmt: skip
+
+    cost = Cost(nranks, count, itemsize, whole.bytes_sent, whole.steps, sum(whole.messages))
+    return cost, chunks(part.held), chunks(whole.held)
+
+
+def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
+    """Count the naive all-reduce: every rank sends its whole buffer to every other."""
+    sends = [(r, peer) for r in range(nranks) for peer in range(nranks) if peer != r]
+    sent = [0] * nranks
+    for r, _ in sends:
+        sent[r] += count * itemsize
+    return Cost(nranks, count, itemsize, sent, [nranks - 1] * nranks, len(sends))
+
+
+@dataclass
+class HierarchicalCost:
+    inter_bytes: list[int]  # per rank, sent over the rails
+    inter_steps: list[int]  # per rank, serial: 2(M-1) per rail it runs
+    shared_stored: list[int]  # per rank, bytes stored to the node's window
+    shared_loaded: list[int]  # per rank, bytes loaded from it
+
+
+def simulate_hierarchical(
+    nranks: int, per_node: int, placement: str, count: int, itemsize: int = 1
+) -> HierarchicalCost:
+    """Count the hierarchical algorithm's traffic on simulated ranks: the rails run the
+    ring's plan through the simulator, which checks that every slice ends complete,
+    each node's contribution counted once."""
+    layout = hierarchical_plan(nranks, per_node, placement)
+    bounds = chunk_bounds(count, layout.nslices)
+    cost = HierarchicalCost(*([0] * nranks for _ in range(4)))
+    for node in layout.nodes:
+        for local, r in enumerate(node):
+            owned = owned_slices(local, len(node), layout.nslices)
+            for j in range(layout.nslices):
+                span = (bounds[j + 1] - bounds[j]) * itemsize
+                cost.shared_stored[r] += span  # a contribution or a result, once each
+                cost.shared_loaded[r] += span * (len(node) - 1) if j in owned else span
+    for j, rail in enumerate(layout.rails):
+        ring = plans.simulate(_ring_plan(), len(rail), bounds[j + 1] - bounds[j], itemsize)
+        for p, r in enumerate(rail):
+            cost.inter_bytes[r] += ring.bytes_sent[p]
+            cost.inter_steps[r] += ring.steps[p]
+    assert sorted(r for node in layout.nodes for r in node) == list(range(nranks))
+    return cost
 
 
 def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) -> str:

@@ -465,10 +465,10 @@ def run(
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
     """A function ``again(work, source)`` that carries out ``plan`` once more, on
     buffers of the same size and dtype, with the least Python (the API's path for
-    a call that repeats the last one, on the same arrays; no trace). None when the
-    plan is empty."""
+    a call that repeats the last one, on the same arrays; no trace). An empty plan
+    (one rank) only copies the contribution in."""
     if not len(plan.table):
-        return None
+        return _copy_in
     engine = _engine_of(ctx)
     shape = engine.shape(plan, red, ctx, timeout)
     table, scratch, divisor, state, report = (
@@ -488,6 +488,11 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
             _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
 
     return again
+
+
+def _copy_in(work: np.ndarray, source: np.ndarray) -> None:
+    if source is not work:
+        np.copyto(work, source)
 
 
 def _engine_of(ctx) -> _Engine:

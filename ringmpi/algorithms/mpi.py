@@ -30,6 +30,20 @@ def mpi_allreduce(
     red.finish(work, ctx.size)
 
 
-register("mpi", mpi_allreduce, own=False, auto=False,
+def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
+    """``again(work, source)``: MPI_Allreduce once more, straight to mpi4py (without a
+    timeout; with one, the plain call, which polls the nonblocking one)."""
+    if timeout:
+        return None
+    allreduce, op, finish, size = ctx.comm.Allreduce, red.mpi_op, red.finish, ctx.size
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        allreduce(MPI.IN_PLACE if source is work else source, work, op)
+        finish(work, size)
+
+    return again
+
+
+register("mpi", mpi_allreduce, own=False, auto=False, prepare=prepare,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip

@@ -49,7 +49,7 @@ class Context:
         self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
         # auto's choice per (size, settings, ordered, half)
         self.chosen: Bounded[tuple, object] = Bounded(_CHOICES_KEPT)
-        self._node_shape: dict[tuple, tuple[int, int]] = {}  # (nodes, largest node's ranks)
+        self._node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         self.alive = True  # until free(): the user freed the communicator
         # Why this communicator can no longer be used (a call that timed out may
@@ -87,12 +87,10 @@ class Context:
         if k is not None:  # virtual_node's nodes (cut out of one real node)
             nodes = -(-n // k)
             return nodes, min(k, n) if placement == "block" else -(-n // nodes)
-        found = self._node_shape.get(())
-        if found is None:
+        if self._node_shape is None:
             nodes = self.comm.allreduce(1 if self.node.Get_rank() == 0 else 0)
-            found = self._node_shape[()] = (nodes, self.comm.allreduce(self.node.Get_size(),
-                                                                       op=MPI.MAX))  # fmt: skip
-        return found
+            self._node_shape = (nodes, self.comm.allreduce(self.node.Get_size(), op=MPI.MAX))
+        return self._node_shape
 
     def tag(self, red: Reduction, count: int) -> int:
         """The tag of every message of a call: (op, dtype) and a fingerprint of the count."""

@@ -13,7 +13,7 @@ the finished buffer goes once along the second chain, copied, never combined.
 Neither the node layout nor the algorithm that would otherwise run changes a
 bit of the result, which is what ``reproducible=True`` asks for.
 
-The buffer goes in **pieces** (:func:`ringmpi.plans.chain_pieces`), pipelined:
+The buffer goes in **pieces** (:func:`chain_pieces`), pipelined:
 while rank r folds piece t, rank r - 1 folds piece t + 1. Each message is sent
 in segments like every other (``RINGMPI_SEGMENT_BYTES``).
 

@@ -31,7 +31,7 @@ no message is ever received into more memory than the segment it belongs to.
 **Half types** (float16, bfloat16). The reduce-scatter above forwards partial
 results: in 16 bits each step would round them, and the contract is one
 rounding. So for the half types the reduce-scatter is a **direct exchange** of
-inputs (:func:`ringmpi.plans.direct_exchange`): in step s rank r sends its own
+inputs (:func:`direct_exchange`): in step s rank r sends its own
 input's chunk (r + 1 + s) straight to that chunk's owner, rank (r + s), and
 receives rank (r - s)'s input for the chunk it owns, (r + 1), into a slot.
 Sends read the input where it lies (no working copy). The last step completes
@@ -39,7 +39,7 @@ the contributions segment by segment, so each segment, once arrived, is folded
 at once while the next one arrives (the compute overlaps the transfer, as the
 reduce-scatter's reduces do): the N 16-bit contributions widened to float32,
 folded in rank order (AVG divides there), rounded once, in one pass at 2 ranks
-(:func:`ringmpi._engine.run_half`). The ring's all-gather then sends the
+(the step engine's FOLD rows). The ring's all-gather then sends the
 finished 16-bit chunks round. Bytes and steps are
 the ring's: (N-1)/N of the buffer each way, 2(N-1) steps, every byte sent 16
 bits an element. Each step is a permutation, so no rank receives more than one

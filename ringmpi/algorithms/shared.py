@@ -43,7 +43,7 @@ from .._ops import combine_by_code, divide_by
 from .._report import CELLS, DISAGREE, TIMED_OUT, raise_from
 from .._shm import await_flags, node_window
 from ..kernels import Reduction
-from .registry import register
+from .registry import records, register
 
 __all__ = ["SET_BYTES", "prepare", "warm"]
 
@@ -141,7 +141,8 @@ class _Node:
             raise ValueError(
                 "algorithm 'shared_memory' needs every rank of the communicator on one node "
                 f"(one shared-memory domain); rank {ctx.rank}'s node holds "
-                f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, ring or hierarchical"
+                f"{ctx.node.Get_size()} of its {ctx.size} ranks: use auto, "
+                + ", ".join(a.name for a in records() if a.auto and not a.one_node)
             )
         ctx.arrive(ctx.node, "shared_memory: allocating the node's window", timeout)
         self.node = ctx.node

@@ -24,6 +24,3 @@ class Bounded(dict[K, V]):
                 del self[old]
         self[key] = value
         return value
-
-    def free(self) -> None:
-        self.clear()

@@ -25,7 +25,6 @@ __all__ = [
     "HALF_F16",
     "HALF_NAMES",
     "fold_half_parts",
-    "fold_inputs",
     "fold_parts",
     "half_kind",
     "narrow",
@@ -293,12 +292,6 @@ def fold_parts(out, own, slots, base, starts, at, code, kind, divisor):
     elif code == OP_MIN:
         _fold_inputs(out, own, slots, base, starts, at, divisor, lesser, _f16_widen,
                      _f16_narrow)  # fmt: skip
-
-
-@_jit
-def fold_inputs(out, data, starts, code, kind, divisor):
-    """:func:`fold_parts` with every contribution in ``data``: at ``data[starts[k]:]``."""
-    fold_parts(out, data, data, data.size, starts, 0, code, kind, divisor)
 
 
 def fold_half_parts(out, own, slots, base, starts, at, code, kind, divisor):

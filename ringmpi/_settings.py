@@ -173,10 +173,10 @@ def using(snapshot: Settings) -> Iterator[Settings]:
         _now[0] = before
 
 
-def reread() -> Settings:
-    """Read the environment again (its ``RINGMPI_*`` variables replace every setting)."""
+def reset() -> None:
+    """Read the environment again at the next use (its ``RINGMPI_*`` variables then
+    replace every setting, those made by :func:`configure` too)."""
     _now[0] = None
-    return current()
 
 
 def _names() -> set[str]:

@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _ops
-from ._half import HALF_NAMES, fold_inputs, half_kind
+from ._half import HALF_NAMES, half_kind
 from ._ops import (
     OP_BAND,
     OP_BOR,
@@ -169,16 +169,6 @@ class Reduction:
                 f"{self.describe()}: a partial result would be rounded to 16 bits; half types "
                 "fold every contribution at once"
             )
-
-    def fold_inputs(
-        self, out: np.ndarray, data: np.ndarray, starts: np.ndarray, nranks: int
-    ) -> None:
-        """Half types: ``out`` gets the contributions ``data[s : s + out.size]`` for each
-        s in ``starts`` (int64), folded in that order in float32 (AVG divided by
-        ``nranks`` there) and rounded once to the half type. ``out`` and ``data`` may
-        be the half type or its uint16 patterns."""
-        fold_inputs(out.view(np.uint16), data.view(np.uint16), starts, self.code, self.half,
-                    self.avg_divisor(nranks))  # fmt: skip
 
     def avg_divisor(self, nranks: int) -> int:
         """What a half-type fold divides by: ``nranks`` for AVG, else 0 (none)."""

@@ -63,7 +63,7 @@ class _Environ:
 def _reread() -> None:
     from ringmpi import _settings
 
-    _settings._now[0] = None  # read at the next use
+    _settings.reset()
 
 
 @pytest.fixture

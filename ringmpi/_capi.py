@@ -142,6 +142,13 @@ def mpi_get_count(typingctx, status, datatype, count):
 
 
 @intrinsic
+def mpi_allreduce(typingctx, sbuf, rbuf, count, datatype, op, comm):
+    """MPI_Allreduce(sbuf, rbuf, count, datatype, op, comm)."""
+    sig = types.int32(sbuf, rbuf, count, datatype, op, comm)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Allreduce", "ppippp")
+
+
+@intrinsic
 def mpi_win_sync(typingctx, win):
     """MPI_Win_sync(win)."""
     sig = types.int32(win)

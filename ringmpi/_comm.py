@@ -56,6 +56,7 @@ class Context:
         # have left messages in flight), or None.
         self.broken: str | None = None
         self.engine = None  # the step engine's requests and call shapes (ringmpi._engine)
+        self.tuner = None  # auto's tuned choices (ringmpi._tuner)
         self._states: dict[str, object] = {}  # algorithm name -> its state
         # This rank's shared-memory node: it decides how to wait, and the
         # hierarchical algorithm and the CLI build on it.

@@ -22,6 +22,7 @@ __all__ = ["Settings", "configure", "configured", "current", "parse_seconds", "u
 PLACEMENTS = ("block", "cyclic")
 STORES = ("auto", "cached", "streaming")
 WAITS = ("auto", "spin", "sleep")
+TUNERS = ("auto", "memory", "off")  # or a directory for the tuner's cache file
 
 
 def _text(value: object) -> str:
@@ -78,6 +79,23 @@ def _one_of(options: tuple[str, ...]):
     return parse
 
 
+def _tuner(value: object, says: str) -> str:
+    text = str(value).strip() if value not in (None, "") else "auto"
+    return text if text else "auto"
+
+
+def _days(value: object, says: str) -> float:
+    if value is None or value == "":
+        return 30.0
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        days = math.nan
+    if isinstance(value, bool) or not 0.0 <= days < math.inf:
+        raise ValueError(f"{says} must be a number of days >= 0, not {value!r}")
+    return days
+
+
 def _setting(default: object, parse, doc: str):
     return field(default=default, metadata={"parse": parse, "doc": doc})
 
@@ -99,6 +117,8 @@ class Settings:
     timeout: float = _setting(0.0, parse_seconds, "seconds without progress before giving up")
     reproducible: bool = _setting(False, lambda v, s: _switch(v), "fold in rank order, bitwise")
     wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")
+    tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
+    retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")
 
     @staticmethod
     def variable(name: str) -> str:

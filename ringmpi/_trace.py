@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "Trace", "trace"]
+__all__ = ["Event", "Trace", "TrialCall", "Tuned", "trace"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,28 @@ class Event:
     messages: int = 1  # MPI messages it took (a step sends its chunk in segments)
 
 
+@dataclass(frozen=True)
+class TrialCall:
+    """One call that auto's tuner ran as a trial (:mod:`ringmpi._tuner`)."""
+
+    call: int
+    size_class: int  # bytes in [2**(size_class-1), 2**size_class)
+    algorithm: str
+    seconds: float  # this rank's time of the call
+    timed: bool  # False: the candidate's untimed first call
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A size class the tuner settled: the winner and the agreed (slowest rank's
+    median) seconds of every candidate."""
+
+    call: int
+    size_class: int
+    algorithm: str
+    seconds: dict[str, float]
+
+
 @dataclass
 class Trace:
     """The sends of every ringmpi call made inside a :func:`trace` block, on this rank."""
@@ -32,6 +54,9 @@ class Trace:
     # and loaded from the node's window (no messages there).
     shared_written: int = 0
     shared_read: int = 0
+    # Auto's tuner: the calls it ran as trials, and the classes it settled.
+    trials: list[TrialCall] = field(default_factory=list)
+    tuned: list[Tuned] = field(default_factory=list)
 
     @property
     def bytes_sent(self) -> int:
@@ -65,6 +90,18 @@ def record_shared(written: int, read: int) -> None:
     for t in _active:
         t.shared_written += written
         t.shared_read += read
+
+
+def record_trial(size_class: int, algorithm: str, seconds: float, timed: bool) -> None:
+    """Record one trial call of auto's tuner."""
+    for t in _active:
+        t.trials.append(TrialCall(t.calls - 1, size_class, algorithm, seconds, timed))
+
+
+def record_tuned(size_class: int, algorithm: str, seconds: dict[str, float]) -> None:
+    """Record a size class the tuner settled."""
+    for t in _active:
+        t.tuned.append(Tuned(t.calls - 1, size_class, algorithm, dict(seconds)))
 
 
 def record_call() -> None:

@@ -123,8 +123,10 @@ def predict(costs: Costs, algo, n: float, p: int, nodes: int = 1, per_node: int 
 
 
 def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates):
-    """The candidate record with the smallest predicted time (the first of equals)."""
-    return min(candidates, key=lambda a: predict(costs, a, n, p, nodes, per_node))
+    """The candidate record with the smallest predicted time (the first of equals);
+    records the model has no terms for (the MPI baseline) are not ranked."""
+    modelled = [a for a in candidates if a.terms is not None]
+    return min(modelled, key=lambda a: predict(costs, a, n, p, nodes, per_node))
 
 
 _loaded: dict[tuple[str, float, int], Costs] = {}

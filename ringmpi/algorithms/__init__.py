@@ -25,11 +25,24 @@ from ..kernels import Reduction
 from . import ring, latency, hierarchical, shared, chain, mpi  # noqa: F401
 
 # isort: on
-from .registry import Algorithm, check, fits, get, lookup, names, records, register, unregister
+from . import tuner as _tuner
+from .registry import (
+    Algorithm,
+    check,
+    fits,
+    get,
+    lookup,
+    names,
+    records,
+    register,
+    repeater,
+    unregister,
+)
+from .tuner import Trial
 
-__all__ = ["Algorithm", "candidates", "choose", "get", "half_algorithms", "lookup", "names",
-           "order_matters", "predict", "records", "register", "unregister", "usable",
-           "warm"]  # fmt: skip
+__all__ = ["Algorithm", "Trial", "candidates", "choose", "get", "half_algorithms", "lookup",
+           "names", "order_matters", "predict", "records", "register", "repeater", "unregister",
+           "usable", "warm"]  # fmt: skip
 
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
@@ -60,11 +73,20 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     key = (nbytes, settings, ordered, half)
     found = ctx.chosen.get(key)
     if found is None:
-        found = ctx.chosen.put(key, _auto(nbytes, ctx, settings, ordered, half))
+        found = _auto(nbytes, ctx, settings, ordered, half)
+        if isinstance(found, _tuner.Trial):
+            return found  # a trial is not kept: the next call may try another
+        ctx.chosen.put(key, found)
     return found.for_half if half else found
 
 
-def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool) -> Algorithm:
+# The tuner leaves the library's MPI_Allreduce out from 2 GiB: counts from 2^31 are
+# refused by Open MPI 5.0 and summed wrong by Intel MPI 2021 (tests/test_mpi_stress.py).
+_LIBRARY_MAX_BYTES = 1 << 31
+
+
+def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool):
+    """The model's choice, or the online tuner's (its winner or its next trial)."""
     nodes, per_node = ctx.nodes(settings)
     pool = [a for a in records() if fits(a, ctx) and (a.crowded or not ctx.sleepy)]
     if half:  # every half-type path keeps the rank order
@@ -74,7 +96,21 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool) -> Alg
         pool = [a for a in pool if a.keeps_order]
     else:
         pool = [a for a in pool if a.auto]
-    return tuning.choose(tuning.load(per_node), nbytes, ctx.size, nodes, per_node, pool)
+    costs = tuning.load(per_node)
+    modelled = [a for a in pool if a.terms is not None]
+    best = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, modelled)
+    # The tuner decides where the choice is free: not in reproducible mode (whose
+    # candidates differ in bits), nor for the half types, nor on one rank.
+    if settings.tuner == "off" or half or ordered or ctx.size == 1:
+        return best
+    ranked = sorted(modelled, key=lambda a: tuning.predict(costs, a, nbytes, ctx.size, nodes,
+                                                           per_node))  # fmt: skip
+    shortlist = [best, *[a for a in ranked if a is not best][: _tuner.SHORTLIST - 1]]
+    if nbytes < _LIBRARY_MAX_BYTES:
+        shortlist += [a for a in pool if a.terms is None]  # the library's own call
+    if len(shortlist) == 1:
+        return best
+    return _tuner.tuner(ctx, settings, nodes, per_node).choose(ctx, nbytes, shortlist)
 
 
 def candidates() -> list[str]:

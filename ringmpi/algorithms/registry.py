@@ -28,7 +28,7 @@ from ..kernels import Reduction
 from ..plans import Plan
 
 __all__ = ["Algorithm", "check", "engine_run", "fits", "get", "listing", "lookup", "names",
-           "records", "register", "unregister"]  # fmt: skip
+           "records", "register", "repeater", "unregister"]  # fmt: skip
 
 AlgorithmFn = Callable[..., None]
 # (nranks, rank, count, itemsize) -> this rank's plan (pure)
@@ -170,3 +170,22 @@ def listing(capability: str, but: str = "") -> str:
             alone = a.one_node or (capability == "half" and a.half_one_node)
             said.append(a.name + (" (one node only)" if alone else ""))
     return ", ".join(said)
+
+
+def repeater(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float):
+    """``again(work, source)``: ``algo`` once more on arrays of ``count`` elements of
+    ``red``'s dtype, with the least Python (``source is work``: in place). The API's
+    repeat path and the tuner's trials run this."""
+    run = None
+    if algo.plan is not None:
+        plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
+        run = _engine.prepare(plan, red, ctx, algo.name, timeout)
+    elif algo.prepare is not None:
+        run = algo.prepare(red, ctx, timeout)
+    if run is None:
+        fn = algo.run
+
+        def run(work: np.ndarray, source: np.ndarray) -> None:
+            fn(work, red, ctx, None if source is work else source, timeout)
+
+    return run

@@ -371,6 +371,10 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
             raw = name == RAW
             ordered = _settings.current().reproducible  # as the call will see it
             base = variants[name][0]
+            if name == "auto":  # auto's tuner tries its candidates first (untimed)
+                while isinstance(algorithms.choose(base, nbytes, ctx, red, ordered),
+                                 algorithms.Trial):  # fmt: skip
+                    _allreduce(send, recv, op, comm, variants[name])
             chosen = RAW if raw else algorithms.choose(base, nbytes, ctx, red, ordered).name
             ctx.barrier()
             t0 = time.perf_counter()

@@ -1,0 +1,231 @@
+"""Auto's online tuner: the first calls of each size class time the candidates, and
+every call after them runs the winner.
+
+Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
+library's own MPI_Allreduce costs on this machine, nor how far the model is off
+here. So for each size class (the powers of two: a call of n bytes is in class
+``n.bit_length()``) the first calls are trials: the model's two best algorithms
+and the library's MPI_Allreduce take turns, each once untimed and then
+:func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call
+timed on the path a repeated call takes. Every
+trial is a real call, with its true result. After the last trial the ranks agree
+on the timings in one collective (the slowest rank's median per candidate, an
+MPI_MAX), so that every rank keeps the same winner; from then on auto's choice
+for the class is one lookup, as it was before tuning.
+
+The winners go to a cache file per machine, MPI library and layout (rank 0
+writes it, atomically), so that the next run starts tuned; rank 0 reads it at the
+first auto call on a communicator and broadcasts what it holds. An entry older
+than the ``retune_days`` setting, or made by another ringmpi version, is tried
+again. The ``tuner`` setting (``RINGMPI_TUNER``): ``auto`` (the default: the
+cache file in ``$XDG_CACHE_HOME/ringmpi``, else ``~/.cache/ringmpi``), a
+directory to keep the file in, ``memory`` (tune, keep no file) or ``off`` (the
+cost model alone, as :func:`ringmpi.algorithms.choose` ranks it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__, _settings, _trace
+from .._comm import Context, complete
+from .registry import get, repeater
+
+__all__ = ["SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
+
+# Timed calls per candidate (after one untimed), by call size: small calls are
+# cheap and noisy, so they take more samples. A function of the size alone, so
+# that every rank runs the same number.
+_TIMED = ((64 << 10, 30), (4 << 20, 10))
+TIMED = 5  # above the last of _TIMED
+
+
+def timed_calls(nbytes: int) -> int:
+    """How many timed calls each candidate gets for a call of ``nbytes``."""
+    return next((calls for upto, calls in _TIMED if nbytes <= upto), TIMED)
+
+
+SHORTLIST = 2  # how many of the model's best own algorithms are tried
+_VERSION = 1  # of the cache file's layout
+
+
+@dataclass
+class _Trials:
+    """One size class's trials on one communicator."""
+
+    names: list[str]
+    timed: int  # timed calls per candidate
+    calls: int = 0
+    times: list[list[float]] = field(default_factory=list)
+    repeats: dict = field(default_factory=dict)  # (name, red, count, timeout) -> again
+
+    def __post_init__(self) -> None:
+        self.times = [[] for _ in self.names]
+
+    @property
+    def total(self) -> int:
+        return len(self.names) * (1 + self.timed)
+
+
+class Trial:
+    """What :func:`ringmpi.algorithms.choose` returns while a class is being tried:
+    ``run`` runs this call's candidate, timed, and settles the class after the last."""
+
+    def __init__(self, tuner: Tuner, klass: int, trials: _Trials, candidate) -> None:
+        self.tuner, self.klass, self.trials, self.candidate = tuner, klass, trials, candidate
+        self.name = candidate.name
+
+    def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0) -> None:
+        trials, i = self.trials, self.trials.calls % len(self.trials.names)
+        timed = trials.calls >= len(trials.names)  # the first round is untimed
+        if _trace._active:  # the traced path, so that the trace counts its sends
+            t0 = time.perf_counter_ns()
+            self.candidate.run(work, red, ctx, source, timeout)
+        else:
+            key = (self.name, red, work.size, timeout)
+            again = trials.repeats.get(key)
+            if again is None:
+                again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)
+            t0 = time.perf_counter_ns()
+            again(work, work if source is None else source)
+        took = (time.perf_counter_ns() - t0) * 1e-9
+        if timed:
+            trials.times[i].append(took)
+        _trace.record_trial(self.klass, self.name, took, timed)
+        trials.calls += 1
+        if trials.calls == trials.total:
+            self.tuner.settle(self.klass, trials, ctx, timeout)
+
+
+class Tuner:
+    """A communicator's tuned choices (``known``: size class -> algorithm name) and
+    the classes being tried."""
+
+    def __init__(self, ctx: Context, settings: _settings.Settings, layout: str) -> None:
+        self.settings, self.layout = settings, layout
+        self.trying: dict[int, _Trials] = {}
+        self.path = cache_file(settings)
+        self.known: dict[int, str] = _load(ctx, self.path, layout, settings.retune_days)
+
+    def choose(self, ctx: Context, nbytes: int, shortlist):
+        """The record a call of ``nbytes`` runs: the class's winner, or its next trial."""
+        klass = nbytes.bit_length()
+        name = self.known.get(klass)
+        if name is not None:
+            return get(name)
+        trials = self.trying.get(klass)
+        if trials is None:
+            trials = self.trying[klass] = _Trials([a.name for a in shortlist], timed_calls(nbytes))
+        candidate = get(trials.names[trials.calls % len(trials.names)])
+        return Trial(self, klass, trials, candidate)
+
+    def settle(self, klass: int, trials: _Trials, ctx: Context, timeout: float) -> None:
+        """Agree on the trials' timings (one collective) and keep the winner."""
+        mine = np.array([float(np.median(t)) for t in trials.times])
+        slowest = np.empty_like(mine)
+        if timeout:
+            req = ctx.comm.Iallreduce(mine, slowest, op=MPI.MAX)
+            complete(req, ctx, timeout, f"rank {ctx.rank}: auto's tuner agreeing on its trials",
+                     "the other ranks (MPI does not say which)")  # fmt: skip
+        else:
+            ctx.comm.Allreduce(mine, slowest, op=MPI.MAX)
+        winner = trials.names[int(np.argmin(slowest))]
+        self.known[klass] = winner
+        del self.trying[klass]
+        times = dict(zip(trials.names, slowest.tolist(), strict=True))
+        _trace.record_tuned(klass, winner, times)
+        if ctx.rank == 0 and self.path is not None:
+            _store(self.path, self.layout, klass, winner, times)
+
+
+def tuner(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> Tuner:
+    """The communicator's tuner (made, and the cache file read, on first use)."""
+    found = ctx.tuner
+    if found is None or found.settings is not settings:
+        found = ctx.tuner = Tuner(ctx, settings, _layout(ctx, settings, nodes, per_node))
+    return found
+
+
+def cache_file(settings: _settings.Settings) -> str | None:
+    """The tuner's cache file for this machine, or None (``memory`` and ``off``)."""
+    where = settings.tuner
+    if where in ("off", "memory"):
+        return None
+    if where == "auto":
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        where = os.path.join(base, "ringmpi")
+    return os.path.join(where, f"allreduce-{socket.gethostname()}.json")
+
+
+def _layout(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> str:
+    """What the tuned choices hold for: the MPI library, the ranks and nodes, how
+    ranks wait, ringmpi's version and the settings that change how algorithms run."""
+    library = MPI.Get_library_version().strip().splitlines()[0].strip()
+    knobs = (settings.segment_bytes, settings.window_stores, settings.piece_bytes,
+             settings.ranks_per_node, settings.node_placement, settings.tuning)  # fmt: skip
+    digest = zlib.crc32(repr(knobs).encode()) & 0xFFFFFFFF
+    wait = "sleep" if ctx.sleepy else "spin"
+    return (f"{library} | ringmpi {__version__} | {ctx.size} ranks, {nodes} node(s) of up to "
+            f"{per_node} | {wait} | settings {digest:08x}")  # fmt: skip
+
+
+def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> dict[int, str]:
+    """The cache file's choices for ``layout`` that are not due a re-check: read by
+    rank 0, broadcast (every rank must make the same choice)."""
+    known: dict[int, str] = {}
+    if ctx.rank == 0 and path is not None:
+        entries = _read(path).get("layouts", {}).get(layout, {})
+        oldest = time.time() - retune_days * 86400.0
+        known = {int(k): v["algorithm"] for k, v in entries.items()
+                 if v.get("tuned_at", 0.0) >= oldest}  # fmt: skip
+    return ctx.comm.bcast(known, root=0) if ctx.size > 1 else known
+
+
+def _read(path: str) -> dict:
+    """The cache file's contents; a missing file is empty, a damaged one is reported
+    once on stderr and then rewritten."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        print(f"ringmpi: ignoring the tuner's cache file {path}: {exc}", file=sys.stderr)
+        return {}
+    if not isinstance(data, dict) or data.get("version") != _VERSION:
+        return {}
+    return data
+
+
+def _store(path: str, layout: str, klass: int, winner: str, times: dict[str, float]) -> None:
+    """Add one class's winner to the cache file (read, merge, write aside, rename)."""
+    data = _read(path) or {"version": _VERSION, "layouts": {}}
+    entry = {
+        "algorithm": winner,
+        "bytes": f"{1 << (klass - 1) if klass else 0}-{(1 << klass) - 1}",
+        "seconds": {k: float(f"{v:.3g}") for k, v in times.items()},
+        "tuned_at": time.time(),
+    }
+    data.setdefault("layouts", {}).setdefault(layout, {})[str(klass)] = entry
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, aside = tempfile.mkstemp(prefix=".allreduce-", dir=os.path.dirname(path))
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, indent=1, sort_keys=True)
+            os.replace(aside, path)
+        finally:
+            if os.path.exists(aside):
+                os.unlink(aside)
+    except OSError as exc:
+        print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)

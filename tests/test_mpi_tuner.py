@@ -1,0 +1,193 @@
+"""Auto's online tuner: trials of the candidates, one agreed winner, the cache file.
+
+A test algorithm, ``dawdle``, is what the cost model ranks first (its only
+term costs nothing) but takes 3 ms a call: the trials must find that out, and
+every rank must keep the same, other, winner. Each test runs on a new
+communicator, whose first auto call starts from the cache file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import agree
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import algorithms, verify
+from ringmpi._comm import context
+from ringmpi.algorithms import tuner
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+COUNT = 16  # float32: 64 bytes, size class 7
+NBYTES = 4 * COUNT
+KLASS = NBYTES.bit_length()
+
+
+def dawdle(work, red, ctx, source=None, timeout=0.0):
+    """MPI_Allreduce, then 3 ms of sleep (the model thinks it free)."""
+    ctx.comm.Allreduce(MPI.IN_PLACE if source is None else source, work, op=red.mpi_op)
+    red.finish(work, ctx.size)
+    time.sleep(0.003)
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    algorithms.register("dawdle", dawdle, terms=lambda n, p, nodes=1, per_node=1: {"dawdle": 1.0},
+                        constants={"dawdle": 0.0}, no_half="a test algorithm")  # fmt: skip
+    yield
+    algorithms.unregister("dawdle")
+
+
+@pytest.fixture
+def where():
+    """A directory every rank sees (made by rank 0), removed after the test."""
+    path = WORLD.bcast(tempfile.mkdtemp(prefix="ringmpi-tuner-") if WORLD.rank == 0 else None)
+    yield path
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def comm():
+    c = WORLD.Dup()
+    yield c
+    c.Free()
+
+
+def calls(comm, n: int, **kw) -> tuple[ringmpi.Trace, list[str]]:
+    """``n`` auto calls of COUNT float32 on ``comm``, traced; the problems found."""
+    problems = []
+    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, COUNT)
+    got = np.empty_like(x)
+    with ringmpi.trace() as t:
+        for i in range(n):
+            ringmpi.Allreduce(x, got, MPI.SUM, comm, **kw)
+            if verify.count_wrong(got, MPI.SUM, comm.size):
+                problems.append(f"call {i}: {verify.count_wrong(got, MPI.SUM, comm.size)} wrong")
+    if len(set(comm.allgather(got.tobytes()))) != 1:
+        problems.append("the ranks' results differ")
+    return t, problems
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, where, comm,
+                                                                     timeout):  # fmt: skip
+    settings(tuner=where)
+    timed = tuner.timed_calls(NBYTES)
+    first = algorithms.choose("auto", NBYTES, context(comm), None)
+    assert isinstance(first, algorithms.Trial) and first.name == "dawdle"
+    names = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying[KLASS].names
+    assert names[0] == "dawdle" and names[-1] == "mpi" and len(names) == 3
+    t, problems = calls(comm, len(names) * (1 + timed) + 3, timeout=timeout)
+    agree(comm, problems)
+    # Round robin, the first round untimed; then the winner, no more trials.
+    assert [x.algorithm for x in t.trials] == names * (1 + timed)
+    assert [x.timed for x in t.trials] == [False] * len(names) + [True] * (len(names) * timed)
+    assert [x.call for x in t.trials] == list(range(len(names) * (1 + timed)))
+    assert len(t.tuned) == 1 and t.tuned[0].call == len(names) * (1 + timed) - 1
+    won = t.tuned[0].algorithm
+    assert won != "dawdle" and set(t.tuned[0].seconds) == set(names)
+    assert t.tuned[0].seconds["dawdle"] >= 0.003
+    assert min(t.tuned[0].seconds.values()) == t.tuned[0].seconds[won]
+    assert len(set(comm.allgather(won))) == 1
+    assert algorithms.choose("auto", NBYTES, context(comm), None).name == won
+    # Rank 0 wrote the winner down.
+    if comm.rank == 0:
+        data = json.loads(Path(tuner.cache_file(ringmpi._settings.current())).read_text())
+        (layout,) = data["layouts"].values()
+        assert layout[str(KLASS)]["algorithm"] == won
+        assert layout[str(KLASS)]["bytes"] == "64-127"
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_the_next_run_starts_tuned_and_an_old_entry_is_tried_again(settings, where, comm):
+    settings(tuner=where)
+    timed = tuner.timed_calls(NBYTES)
+    t, problems = calls(comm, 3 * (1 + timed))
+    agree(comm, problems)
+    won = t.tuned[0].algorithm
+    # A new communicator (as a new run): the file's choice, no trials.
+    again = WORLD.Dup()
+    try:
+        t2, problems = calls(again, 3)
+        agree(again, problems)
+        assert t2.trials == [] and t2.tuned == []
+        assert algorithms.choose("auto", NBYTES, context(again), None).name == won
+    finally:
+        again.Free()
+    # Entries older than retune_days are tried again.
+    path = tuner.cache_file(ringmpi._settings.current())
+    if WORLD.rank == 0:
+        data = json.loads(Path(path).read_text())
+        for layout in data["layouts"].values():
+            layout[str(KLASS)]["tuned_at"] -= 2 * 86400.0
+        with open(path, "w") as fh:
+            json.dump(data, fh)
+    WORLD.Barrier()
+    settings(retune_days=1)
+    old = WORLD.Dup()
+    try:
+        t3, problems = calls(old, 3)
+        agree(old, problems)
+        assert [x.algorithm for x in t3.trials] == ["dawdle", t.trials[1].algorithm, "mpi"]
+    finally:
+        old.Free()
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_memory_tunes_without_a_file_and_off_is_the_cost_model(settings, where, comm):
+    settings(tuner="memory")
+    timed = tuner.timed_calls(NBYTES)
+    t, problems = calls(comm, 3 * (1 + timed))
+    agree(comm, problems)
+    assert len(t.tuned) == 1 and t.tuned[0].algorithm != "dawdle"
+    assert tuner.cache_file(ringmpi._settings.current()) is None
+    assert os.listdir(where) == []
+    settings(tuner="off")
+    fresh = WORLD.Dup()
+    try:
+        t2, problems = calls(fresh, 2)
+        agree(fresh, problems)
+        assert (
+            t2.trials == [] and algorithms.choose("auto", NBYTES, context(fresh)).name == "dawdle"
+        )
+    finally:
+        fresh.Free()
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_a_damaged_cache_file_is_reported_and_rewritten(settings, where, comm, capfd):
+    settings(tuner=where)
+    path = tuner.cache_file(ringmpi._settings.current())
+    if WORLD.rank == 0:
+        with open(path, "w") as fh:
+            fh.write("{not json")
+    WORLD.Barrier()
+    t, problems = calls(comm, 3 * (1 + tuner.timed_calls(NBYTES)))
+    agree(comm, problems)
+    assert len(t.tuned) == 1
+    if WORLD.rank == 0:
+        assert f"ignoring the tuner's cache file {path}" in capfd.readouterr().err
+        assert json.loads(Path(path).read_text())["version"] == 1
+        assert not [f for f in os.listdir(where) if f.startswith(".")]  # nothing left aside
+
+
+def test_one_rank_and_reproducible_mode_do_not_tune(settings, where):
+    settings(tuner=where)
+    ctx = context(WORLD)
+    red = ringmpi.kernels.reduction(MPI.SUM, np.dtype(np.float32))
+    assert not isinstance(algorithms.choose("auto", NBYTES, ctx, red, reproducible=True),
+                          algorithms.Trial)  # fmt: skip
+    if WORLD.size == 1:
+        assert not isinstance(algorithms.choose("auto", NBYTES, ctx, red), algorithms.Trial)

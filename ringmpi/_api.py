@@ -45,16 +45,45 @@ def Allreduce(
     bitwise the same whatever the algorithm and the placement of ranks. The
     defaults are :func:`ringmpi.configure`'s settings.
     """
-    again = _last.get(id(recvbuf))
-    if again is not None and again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                   reproducible):  # fmt: skip
-        return
+    # A repeat of an earlier call on the very same objects (see _repeat, which
+    # lays out `hit`): checked and run here, inline, as it is the hot path.
+    hit = _last.get(id(recvbuf))
+    if hit is not None:
+        (recv_ref, send_ref, send_shape, op_, comm_, args, shape, dtype, ctx, settings,
+         run) = hit  # fmt: skip
+        if (
+            recv_ref() is recvbuf
+            and op is op_
+            and comm is comm_
+            and algorithm == args[0]
+            and validate is args[1]
+            and timeout == args[2]
+            and reproducible is args[3]
+            and recvbuf.shape == shape
+            and recvbuf.dtype is dtype
+            and recvbuf.flags.carray  # C-contiguous, aligned and writeable: one lookup
+            and ctx.alive
+            and _NOW[0] is settings
+            and not _TRACES
+            and (
+                sendbuf is _IN_PLACE
+                if send_ref is None
+                else (
+                    send_ref() is sendbuf
+                    and sendbuf.shape == send_shape
+                    and sendbuf.dtype is dtype
+                    and sendbuf.flags.c_contiguous
+                )
+            )
+        ):
+            run(recvbuf, recvbuf if send_ref is None else sendbuf)
+            return
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
-    again = _repeats.get(key)
-    if again is not None and again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                   reproducible):  # fmt: skip
-        _last[id(recvbuf)] = again  # several calls on one recvbuf take turns
-        return
+    found = _repeats.get(key)
+    if found is not None and found is not hit:  # several calls on one recvbuf take turns
+        _last[id(recvbuf)] = found
+        return Allreduce(sendbuf, recvbuf, op, comm, algorithm=algorithm, validate=validate,
+                         timeout=timeout, reproducible=reproducible)  # fmt: skip
     given = (key, sendbuf, recvbuf, op, comm)
     comm = check_comm(comm)
     algorithms.lookup(algorithm)
@@ -320,79 +349,37 @@ def _run(
 # new arrays (allreduce(), buffer specs) pay almost nothing for it.
 
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the other arguments; an
-# entry is the function that repeats the call (see _repeater), which holds the
-# objects themselves (the arrays weakly) to confirm them. _last holds, per
-# recvbuf, the entry its latest call ran: one int lookup finds it.
+# entry (see _repeat) holds what confirms the objects (the arrays by weak
+# reference) and the function that repeats the call. _last holds, per recvbuf,
+# the entry its latest call ran: one int lookup finds it.
 # Room for a training step's arrays, one per parameter, often a few hundred
 # (docs/performance.md has what too little room cost).
 _KEPT = 1024
+# What the hot path reads, as module globals (one lookup each).
+_NOW, _TRACES, _IN_PLACE = _settings._now, _trace._active, MPI.IN_PLACE
 _repeats: Bounded[tuple, Any] = Bounded(_KEPT)
 _last: Bounded[int, Any] = Bounded(_KEPT)
 _seen: Bounded[tuple, None] = Bounded(_KEPT)  # keys met once
 
 
-def _repeater(args: tuple, send, recv, ctx: Context, run):
-    """``again(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)``:
-    runs the remembered call on these (the same) arguments and returns True if
-    nothing has changed, else returns False.
-
-    Everything it checks is a local of this closure (cheaper than attributes):
-    the objects and arguments, shapes and dtype, the flags, an open trace, a
-    freed communicator and the settings snapshot.
-    """
-    sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible = args
+def _repeat(args: tuple, send, recv, ctx: Context, run) -> tuple:
+    """What Allreduce checks to repeat a call on the same arguments, and runs:
+    (recvbuf and sendbuf by weak reference, None in place; sendbuf's shape; op;
+    comm; (algorithm, validate, timeout, reproducible); recvbuf's shape and dtype;
+    the context; the settings snapshot; run(recvbuf, sendbuf or recvbuf))."""
+    sendbuf, recvbuf, op, comm, *rest = args
     in_place = sendbuf is MPI.IN_PLACE
-    send_ref = None if in_place else weakref.ref(sendbuf)
-    recv_ref = weakref.ref(recvbuf)
-    send_shape, shape, dtype = () if send is None else send.shape, recv.shape, recv.dtype
-    settings, active, now = _settings.current(), _trace._active, _settings._now
-    flat = recvbuf.ndim == 1 and (in_place or sendbuf.ndim == 1)
-    del sendbuf, recvbuf, send, recv, args  # held weakly only
+    if recvbuf.ndim != 1 or (not in_place and sendbuf.ndim != 1):
+        flat = run
 
-    def again(sendbuf, recvbuf, op_, comm_, algorithm_, validate_, timeout_,
-              reproducible_) -> bool:  # fmt: skip
-        if (
-            recv_ref() is not recvbuf
-            or op_ is not op
-            or comm_ is not comm
-            or algorithm_ != algorithm
-            or validate_ is not validate
-            or timeout_ != timeout
-            or reproducible_ is not reproducible
-        ):
-            return False
-        if in_place:
-            if sendbuf is not MPI.IN_PLACE:
-                return False
-            source = recvbuf
-        elif (
-            send_ref() is not sendbuf
-            or sendbuf.shape != send_shape
-            or sendbuf.dtype is not dtype
-            or not sendbuf.flags.c_contiguous
-        ):
-            return False
-        else:
-            source = sendbuf
-        flags = recvbuf.flags
-        if (
-            recvbuf.shape != shape
-            or recvbuf.dtype is not dtype
-            or not (flags.c_contiguous and flags.writeable)
-            or active
-            or not ctx.alive
-            or now[0] is not settings
-        ):
-            return False
-        if flat:
-            run(recvbuf, source)
-        else:  # views of the same memory, one dimension (in place: the very same view)
+        def run(recvbuf: np.ndarray, source: np.ndarray) -> None:
+            # views of the same memory, one dimension (in place: the very same view)
             work = recvbuf.reshape(-1)
-            run(work, work if source is recvbuf else source.reshape(-1))
-        return True
+            flat(work, work if source is recvbuf else source.reshape(-1))
 
-    again.recv = recv_ref  # which array it repeats for (the tests look)
-    return again
+    return (weakref.ref(recvbuf), None if in_place else weakref.ref(sendbuf),
+            None if in_place else send.shape, op, comm, tuple(rest), recv.shape, recv.dtype,
+            ctx, _settings.current(), run)  # fmt: skip
 
 
 def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo,
@@ -416,7 +403,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         return
     run = algorithms.repeater(algo, red, ctx, count, timeout)
     args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    _last.put(id(recvbuf), _repeats.put(key, _repeater(args, send, recv, ctx, run)))
+    _last.put(id(recvbuf), _repeats.put(key, _repeat(args, send, recv, ctx, run)))
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

@@ -10,6 +10,7 @@
     ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
     ringmpi.configure(timeout=30)                             # settings, as RINGMPI_TIMEOUT
+    ringmpi.warm(np.float32)                                  # compile before timing starts
 
 The tools: ``python -m ringmpi <command>`` (``python -m ringmpi --help`` lists them).
 """
@@ -31,6 +32,7 @@ __all__ = [
     "configure",
     "configured",
     "trace",
+    "warm",
 ]
 
 __version__ = "0.1.0"
@@ -48,10 +50,11 @@ _WHERE = {
     "configure": "_settings",
     "configured": "_settings",
     "trace": "_trace",
+    "warm": "_api",
 }
 
 if TYPE_CHECKING:
-    from ._api import Allreduce, Comm, allreduce
+    from ._api import Allreduce, Comm, allreduce, warm
     from ._errors import RingMPIError, abort_on_error
     from ._settings import configure, configured
     from ._trace import Trace, trace

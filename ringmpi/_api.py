@@ -15,7 +15,7 @@ from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
 from .kernels import Reduction, reduction
 
-__all__ = ["Allreduce", "Comm", "allreduce"]
+__all__ = ["Allreduce", "Comm", "allreduce", "warm"]
 
 
 def Allreduce(
@@ -134,6 +134,26 @@ def allreduce(
     Allreduce(send, result, op, comm, algorithm=algorithm, validate=validate, timeout=timeout,
               reproducible=reproducible)  # fmt: skip
     return result
+
+
+def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None, *,
+         timeout: float | None = None) -> float:  # fmt: skip
+    """Compile (or load from Numba's cache) every algorithm's loops for ``op`` on
+    ``dtype`` now, before a program starts timing; collective over ``comm``.
+
+    One rank per node compiles into Numba's cache while the node's other ranks
+    wait, sleeping, then load what it wrote (a first call does the same for the
+    algorithm it runs, unasked). ``timeout``: as for :func:`Allreduce`. Returns
+    the slowest rank's seconds.
+    """
+    comm = check_comm(comm)
+    settings = _settings.current()
+    waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
+    ctx = context(comm, waits)
+    red = reduction(op, dtype)
+    took = algorithms.warm_on_node(ctx, red, None, waits)
+    ctx.warmed.update((a.name, red.name, red.dtype.str) for a in algorithms.records())
+    return ctx.comm.allreduce(took, op=MPI.MAX)
 
 
 class Comm(MPI.Intracomm):
@@ -326,6 +346,10 @@ def _run(
     elif not direct:
         work[...] = recv.reshape(-1)[:count]  # reshape copies a non-contiguous array: C order
 
+    loaded = (algo.name, red.name, red.dtype.str)
+    if loaded not in ctx.warmed and not red.half:  # the first call: one rank per node compiles
+        algorithms.warm_on_node(ctx, red, algorithms.get(algo.name), timeout)
+        ctx.warmed.add(loaded)
     if _trace._active:
         _trace.record_call()
     algo.run(work, red, ctx, source, timeout)

@@ -56,7 +56,9 @@ class Context:
         # have left messages in flight), or None.
         self.broken: str | None = None
         self.engine = None  # the step engine's requests and call shapes (ringmpi._engine)
-        self.tuner = None  # auto's tuned choices (ringmpi._tuner)
+        self.tuner = None  # auto's tuned choices (ringmpi.algorithms.tuner)
+        # (algorithm, op, dtype) whose compiled loops this rank has loaded
+        self.warmed: set[tuple[str, str, str]] = set()
         self._states: dict[str, object] = {}  # algorithm name -> its state
         # This rank's shared-memory node: it decides how to wait, and the
         # hierarchical algorithm and the CLI build on it.
@@ -126,6 +128,16 @@ class Context:
         with a timeout, first a nonblocking barrier that gives up in time."""
         if timeout:
             complete(comm.Ibarrier(), self, timeout, f"rank {self.rank}: {where}", _EVERYONE)
+
+    def wait_on_node(self, where: str, timeout: float) -> None:
+        """A barrier of this rank's node whose waiting ranks sleep (they leave the
+        cores to a rank still working), giving up after ``timeout`` (0: never)."""
+        req = self.node.Ibarrier()
+        start = time.monotonic()
+        while not req.Test():
+            if timeout and time.monotonic() - start > timeout:
+                raise timed_out(self, timeout, where, "the other ranks of its node (a barrier)")
+            time.sleep(0.002)
 
     def barrier(self) -> None:
         if self.sleepy:

@@ -191,3 +191,21 @@ def test_one_rank_and_reproducible_mode_do_not_tune(settings, where):
                           algorithms.Trial)  # fmt: skip
     if WORLD.size == 1:
         assert not isinstance(algorithms.choose("auto", NBYTES, ctx, red), algorithms.Trial)
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_untraced_trials_run_the_repeat_path_and_settle(settings, where, comm):
+    """Without a trace the trials time each candidate's repeat (its compiled entry)."""
+    settings(tuner="memory")
+    timed = tuner.timed_calls(NBYTES)
+    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, COUNT)
+    got = np.empty_like(x)
+    problems = []
+    for i in range(3 * (1 + timed)):
+        ringmpi.Allreduce(x, got, MPI.SUM, comm)
+        if verify.count_wrong(got, MPI.SUM, comm.size):
+            problems.append(f"call {i}: wrong")
+    agree(comm, problems)
+    won = algorithms.choose("auto", NBYTES, context(comm), None)
+    assert not isinstance(won, algorithms.Trial) and won.name != "dawdle"
+    assert len(set(comm.allgather(won.name))) == 1

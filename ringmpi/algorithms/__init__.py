@@ -42,7 +42,7 @@ from .tuner import Trial
 
 __all__ = ["Algorithm", "Trial", "candidates", "choose", "get", "half_algorithms", "lookup",
            "names", "order_matters", "predict", "records", "register", "repeater", "unregister",
-           "usable", "warm"]  # fmt: skip
+           "usable", "warm", "warm_on_node"]  # fmt: skip
 
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
@@ -143,13 +143,37 @@ def predict(costs: tuning.Costs, name: str, n: float, p: int, nodes: int = 1,
     return tuning.predict(costs, get(name), n, p, nodes, per_node)
 
 
-def warm(red: Reduction | None = None) -> float:
-    """Compile (or load from Numba's cache) the compiled loops of every algorithm for
-    ``red``'s dtype, or for every dtype when None; returns the seconds it took."""
+def warm(red: Reduction | None = None, record: Algorithm | None = None) -> float:
+    """Compile (or load from Numba's cache) the compiled loops of ``record`` (every
+    algorithm when None) for ``red``'s dtype, or for every dtype when None; returns
+    the seconds it took."""
     t0 = time.perf_counter()
     kinds: set[np.dtype] = _engine.lane_kinds(red)
-    _engine.warm(red)
-    for a in records():
+    if record is None or record.plan is not None:
+        _engine.warm(red)
+    for a in records() if record is None else [record]:
         if a.warm is not None:
             a.warm(kinds)
     return time.perf_counter() - t0
+
+
+def warm_on_node(ctx: Context, red: Reduction, record: Algorithm | None = None,
+                 timeout: float = 0.0) -> float:  # fmt: skip
+    """:func:`warm` once per node: the node's first rank compiles into Numba's cache,
+    while the node's other ranks wait (sleeping, so that they leave it the cores;
+    ``timeout`` as for a call), then load what it wrote. Collective over the
+    communicator's node. Returns this rank's seconds of compiling or loading."""
+    # The reduction's own kernels (Reduction.fold) run in no algorithm: warmed only
+    # with every algorithm.
+    first = ctx.node.Get_rank() == 0
+
+    def load() -> float:
+        return (red.warm() if record is None else 0.0) + warm(red, record)
+
+    took = load() if first else 0.0
+    if ctx.node.Get_size() > 1:
+        ctx.wait_on_node(f"rank {ctx.rank}: waiting for its node's first rank to compile "
+                         "ringmpi's loops", timeout)  # fmt: skip
+    if not first:
+        took = load()
+    return took

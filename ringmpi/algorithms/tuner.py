@@ -67,7 +67,7 @@ class _Trials:
     timed: int  # timed calls per candidate
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
-    repeats: dict = field(default_factory=dict)  # (name, red, count, timeout) -> again
+    repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
 
     def __post_init__(self) -> None:
         self.times = [[] for _ in self.names]
@@ -92,7 +92,7 @@ class Trial:
             t0 = time.perf_counter_ns()
             self.candidate.run(work, red, ctx, source, timeout)
         else:
-            key = (self.name, red, work.size, timeout)
+            key = (self.name, red.name, red.dtype.str, work.size, timeout)
             again = trials.repeats.get(key)
             if again is None:
                 again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)

@@ -139,15 +139,10 @@ def _warm(ctx: Context, red: Any) -> float:
 
     Returns the slowest node leader's first-call time (compile, or cache load).
     """
-    # Sleepy barriers: ranks that spin would take the CPU from ranks still compiling.
+    took = algorithms.warm_on_node(ctx, red)
     first = ctx.node.Get_rank() == 0
-    took = red.warm() + algorithms.warm(red) if first else 0.0
-    sleepy_barrier(ctx.node)
-    if not first:
-        red.warm()
-        algorithms.warm(red)
-    sleepy_barrier(ctx.node)
-    return ctx.comm.allreduce(took, op=MPI.MAX)
+    sleepy_barrier(ctx.node)  # the others' loads, before anything is timed
+    return ctx.comm.allreduce(took if first else 0.0, op=MPI.MAX)
 
 
 def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:

@@ -17,7 +17,7 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
         ["RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
          "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
          "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_TIMEOUT",
-         "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT"]
+         "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_TUNER", "RINGMPI_RETUNE_DAYS"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})
     for f in dataclasses.fields(Settings):
@@ -64,3 +64,12 @@ def test_configure_checks_changes_and_configured_restores():
     with pytest.raises(TypeError, match="timeout must be a number of seconds or None"):
         ringmpi.configure(timeout=[1])
     assert _settings.current() is before  # a failed change changes nothing
+
+
+def test_the_tuner_settings_parse_and_refuse_what_they_cannot_mean():
+    s = Settings.from_environ({"RINGMPI_TUNER": " /tmp/x ", "RINGMPI_RETUNE_DAYS": "0.5"})
+    assert (s.tuner, s.retune_days) == ("/tmp/x", 0.5)
+    assert (Settings().tuner, Settings().retune_days) == ("auto", 30.0)
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(ValueError, match="RINGMPI_RETUNE_DAYS must be a number of days"):
+            Settings.from_environ({"RINGMPI_RETUNE_DAYS": bad})

@@ -114,14 +114,15 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool):
 
 
 def candidates() -> list[str]:
-    """The algorithms auto chooses among by default."""
-    return [a.name for a in records() if a.auto]
+    """The algorithms auto's cost model ranks by default (ringmpi's own; the online
+    tuner adds the library's MPI_Allreduce to the model's best)."""
+    return [a.name for a in records() if a.auto and a.terms is not None]
 
 
 def usable(ctx: Context) -> list[str]:
     """Auto's candidates that can run on ``ctx``'s communicator (one node where they
     need one)."""
-    return [a.name for a in records() if a.auto and fits(a, ctx)]
+    return [a.name for a in records() if a.auto and a.terms is not None and fits(a, ctx)]
 
 
 def half_algorithms() -> list[str]:

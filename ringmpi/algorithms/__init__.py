@@ -11,6 +11,7 @@ which fold in rank order); auto chooses among those.
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -163,18 +164,21 @@ def warm_on_node(ctx: Context, red: Reduction, record: Algorithm | None = None,
     """:func:`warm` once per node: the node's first rank compiles into Numba's cache,
     while the node's other ranks wait (sleeping, so that they leave it the cores;
     ``timeout`` as for a call), then load what it wrote. Collective over the
-    communicator's node. Returns this rank's seconds of compiling or loading."""
+    communicator's node. Where the node's ranks have a core each, every rank
+    compiles at once instead (as fast as one, without the others' loads after
+    it). Returns this rank's seconds of compiling or loading."""
     # The reduction's own kernels (Reduction.fold) run in no algorithm: warmed only
     # with every algorithm.
-    first = ctx.node.Get_rank() == 0
+    ranks = ctx.node.Get_size()
+    compiles = ctx.node.Get_rank() == 0 or ranks <= (os.cpu_count() or 1)
 
     def load() -> float:
         return (red.warm() if record is None else 0.0) + warm(red, record)
 
-    took = load() if first else 0.0
-    if ctx.node.Get_size() > 1:
+    took = load() if compiles else 0.0
+    if ranks > 1:
         ctx.wait_on_node(f"rank {ctx.rank}: waiting for its node's first rank to compile "
                          "ringmpi's loops", timeout)  # fmt: skip
-    if not first:
+    if not compiles:
         took = load()
     return took

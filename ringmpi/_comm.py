@@ -22,7 +22,8 @@ from .kernels import Reduction, decode_tag
 from .plans import Plan
 
 __all__ = [
-    "Context", "check_comm", "complete", "context", "disagreement", "sleepy_barrier", "timed_out",
+    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce",
+    "sleepy_barrier", "timed_out",
 ]  # fmt: skip
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI
@@ -220,6 +221,17 @@ def complete(req: MPI.Request, ctx: Context, timeout: float, where: str, waiting
         # Spin for the first millisecond, then poll every 0.5 ms.
         elif time.monotonic() - start > 1e-3:
             pause = 0.0005
+
+
+def library_allreduce(ctx: Context, send, recv: np.ndarray, op: MPI.Op, timeout: float,
+                      where: str) -> None:  # fmt: skip
+    """The library's MPI_Allreduce on ``ctx.comm``. A blocking one cannot give up: with
+    a timeout, the nonblocking one, polled (MPI does not say which rank it waits for)."""
+    if timeout:
+        req = ctx.comm.Iallreduce(send, recv, op=op)
+        complete(req, ctx, timeout, where, "the other ranks (MPI does not say which)")
+    else:
+        ctx.comm.Allreduce(send, recv, op=op)
 
 
 def _arrive(comm: MPI.Intracomm, timeout: float) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._capi import handle, mpi_allreduce
-from .._comm import Context, complete
+from .._comm import Context, library_allreduce
 from ..kernels import DTYPES, Reduction
 from .registry import register
 
@@ -31,14 +31,7 @@ def mpi_allreduce_run(
 ) -> None:
     """MPI_Allreduce of the loaded MPI library (the baseline; its traffic is not traced)."""
     send = MPI.IN_PLACE if source is None else source
-    if timeout:
-        # A blocking MPI_Allreduce cannot give up: with a timeout, the nonblocking
-        # one, polled. MPI does not say which rank it waits for.
-        req = ctx.comm.Iallreduce(send, work, op=red.mpi_op)
-        complete(req, ctx, timeout, f"rank {ctx.rank}: mpi MPI_Iallreduce",
-                 "the other ranks (MPI does not say which)")  # fmt: skip
-    else:
-        ctx.comm.Allreduce(send, work, op=red.mpi_op)
+    library_allreduce(ctx, send, work, red.mpi_op, timeout, f"rank {ctx.rank}: mpi MPI_Iallreduce")
     red.finish(work, ctx.size)
 
 

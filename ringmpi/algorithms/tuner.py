@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import __version__, _settings, _trace
-from .._comm import Context, complete
+from .._comm import Context, library_allreduce
 from .registry import get, repeater
 
 __all__ = ["SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
@@ -133,12 +133,8 @@ class Tuner:
         """Agree on the trials' timings (one collective) and keep the winner."""
         mine = np.array([float(np.median(t)) for t in trials.times])
         slowest = np.empty_like(mine)
-        if timeout:
-            req = ctx.comm.Iallreduce(mine, slowest, op=MPI.MAX)
-            complete(req, ctx, timeout, f"rank {ctx.rank}: auto's tuner agreeing on its trials",
-                     "the other ranks (MPI does not say which)")  # fmt: skip
-        else:
-            ctx.comm.Allreduce(mine, slowest, op=MPI.MAX)
+        library_allreduce(ctx, mine, slowest, MPI.MAX, timeout,
+                          f"rank {ctx.rank}: auto's tuner agreeing on its trials")  # fmt: skip
         winner = trials.names[int(np.argmin(slowest))]
         self.known[klass] = winner
         del self.trying[klass]

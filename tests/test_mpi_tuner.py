@@ -209,3 +209,24 @@ def test_untraced_trials_run_the_repeat_path_and_settle(settings, where, comm):
     won = algorithms.choose("auto", NBYTES, context(comm), None)
     assert not isinstance(won, algorithms.Trial) and won.name != "dawdle"
     assert len(set(comm.allgather(won.name))) == 1
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_a_cached_algorithm_that_is_not_registered_is_tried_again(settings, where, comm):
+    settings(tuner=where)
+    t, problems = calls(comm, 3 * (1 + tuner.timed_calls(NBYTES)))
+    agree(comm, problems)
+    path = tuner.cache_file(ringmpi._settings.current())
+    if WORLD.rank == 0:
+        data = json.loads(Path(path).read_text())
+        for layout in data["layouts"].values():
+            layout[str(KLASS)]["algorithm"] = "gone"  # an algorithm of another program
+        Path(path).write_text(json.dumps(data))
+    WORLD.Barrier()
+    fresh = WORLD.Dup()
+    try:
+        t2, problems = calls(fresh, 3)
+        agree(fresh, problems)
+        assert [x.algorithm for x in t2.trials] == [x.algorithm for x in t.trials[:3]]
+    finally:
+        fresh.Free()

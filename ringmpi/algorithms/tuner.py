@@ -39,7 +39,7 @@ from mpi4py import MPI
 
 from .. import __version__, _settings, _trace
 from .._comm import Context, library_allreduce
-from .registry import get, repeater
+from .registry import fits, get, names, repeater
 
 __all__ = ["SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
 
@@ -122,7 +122,9 @@ class Tuner:
         klass = nbytes.bit_length()
         name = self.known.get(klass)
         if name is not None:
-            return get(name)
+            if name in names() and fits(get(name), ctx):
+                return get(name)
+            del self.known[klass]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(klass)
         if trials is None:
             trials = self.trying[klass] = _Trials([a.name for a in shortlist], timed_calls(nbytes))

@@ -27,7 +27,9 @@ class TrialCall:
     """One call that auto's tuner ran as a trial (:mod:`ringmpi._tuner`)."""
 
     call: int
-    size_class: int  # bytes in [2**(size_class-1), 2**size_class)
+    # bytes in [2**(|size_class|-1), 2**|size_class|); negative: the reductions the
+    # library's call may not run (ringmpi.algorithms.library_agrees), tuned apart
+    size_class: int
     algorithm: str
     seconds: float  # this rank's time of the call
     timed: bool  # False: the candidate's untimed first call

@@ -638,7 +638,11 @@ def test_max_min_of_signed_zeros(comms, op, algorithm):
         problems.append("a second call gave other bits")
     if algorithm == "mpi" and got.tobytes() != mpi.tobytes():
         problems.append(f"sign bits {np.signbit(got).tolist()}, MPI {np.signbit(mpi).tolist()}")
-    if len(set(WORLD.allgather(_digest(got)))) != 1:
+    # Intel MPI 2021.18 returns different zeros on different ranks at 5 ranks (its own
+    # answer, which the "mpi" algorithm gives: checked above); ringmpi's never do.
+    if len(set(WORLD.allgather(_digest(got)))) != 1 and not (
+        algorithm == "mpi" and mpi_family() == "Intel(R) MPI"
+    ):
         problems.append("results differ across ranks")
     agree(WORLD, problems)
 

@@ -230,3 +230,21 @@ def test_a_cached_algorithm_that_is_not_registered_is_tried_again(settings, wher
         assert [x.algorithm for x in t2.trials] == [x.algorithm for x in t.trials[:3]]
     finally:
         fresh.Free()
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_the_library_is_not_tried_where_its_answer_differs(settings, where, comm):
+    """MAX of float64 (libraries drop NaNs) is tuned apart, among ringmpi's own only."""
+    settings(tuner="memory")
+    x = verify.verify_inputs(MPI.MAX, "float64", comm.rank, COUNT // 2)  # 64 bytes
+    with ringmpi.trace() as t:
+        for _ in range(2 * (1 + tuner.timed_calls(NBYTES))):
+            got = ringmpi.allreduce(x, MPI.MAX, comm)
+            assert not verify.count_wrong(got, MPI.MAX, comm.size)
+    assert {c.algorithm for c in t.trials} == {"dawdle", t.trials[1].algorithm} != {"mpi"}
+    assert "mpi" not in {c.algorithm for c in t.trials}
+    assert {c.size_class for c in t.trials} == {-KLASS}
+    assert len(t.tuned) == 1 and t.tuned[0].algorithm != "dawdle"
+    red = ringmpi.kernels.reduction(MPI.SUM, np.dtype(np.float32))
+    assert algorithms.library_agrees(red) and not algorithms.library_agrees(
+        ringmpi.kernels.reduction(MPI.SUM, np.dtype(np.int16)))  # fmt: skip

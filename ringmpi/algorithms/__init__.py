@@ -41,9 +41,26 @@ from .registry import (
 )
 from .tuner import Trial
 
-__all__ = ["Algorithm", "Trial", "candidates", "choose", "get", "half_algorithms", "lookup",
-           "names", "order_matters", "predict", "records", "register", "repeater", "unregister",
-           "usable", "warm", "warm_on_node"]  # fmt: skip
+__all__ = [
+    "Algorithm",
+    "Trial",
+    "candidates",
+    "choose",
+    "get",
+    "half_algorithms",
+    "library_agrees",
+    "lookup",
+    "names",
+    "order_matters",
+    "predict",
+    "records",
+    "register",
+    "repeater",
+    "unregister",
+    "usable",
+    "warm",
+    "warm_on_node",
+]  # fmt: skip
 
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
@@ -71,10 +88,11 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     if settings.algorithm != "auto":
         found = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
         return check(found, ordered, red, "RINGMPI_ALGORITHM")
-    key = (nbytes, settings, ordered, half)
+    library = library_agrees(red)
+    key = (nbytes, settings, ordered, half, library)
     found = ctx.chosen.get(key)
     if found is None:
-        found = _auto(nbytes, ctx, settings, ordered, half)
+        found = _auto(nbytes, ctx, settings, ordered, half, library)
         if isinstance(found, _tuner.Trial):
             return found  # a trial is not kept: the next call may try another
         ctx.chosen.put(key, found)
@@ -86,7 +104,7 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
 _LIBRARY_MAX_BYTES = 1 << 31
 
 
-def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool):
+def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, library: bool):
     """The model's choice, or the online tuner's (its winner or its next trial)."""
     nodes, per_node = ctx.nodes(settings)
     pool = [a for a in records() if fits(a, ctx) and (a.crowded or not ctx.sleepy)]
@@ -98,20 +116,37 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool):
     else:
         pool = [a for a in pool if a.auto]
     costs = tuning.load(per_node)
-    modelled = [a for a in pool if a.terms is not None]
-    best = tuning.choose(costs, nbytes, ctx.size, nodes, per_node, modelled)
+    # Ranked by the model, the first of equals first (as tuning.choose).
+    ranked = sorted(
+        (a for a in pool if a.terms is not None),
+        key=lambda a: tuning.predict(costs, a, nbytes, ctx.size, nodes, per_node),
+    )
     # The tuner decides where the choice is free: not in reproducible mode (whose
     # candidates differ in bits), nor for the half types, nor on one rank.
     if settings.tuner == "off" or half or ordered or ctx.size == 1:
-        return best
-    ranked = sorted(modelled, key=lambda a: tuning.predict(costs, a, nbytes, ctx.size, nodes,
-                                                           per_node))  # fmt: skip
-    shortlist = [best, *[a for a in ranked if a is not best][: _tuner.SHORTLIST - 1]]
-    if nbytes < _LIBRARY_MAX_BYTES:
+        return ranked[0]
+    shortlist = ranked[: _tuner.SHORTLIST]
+    library = library and nbytes < _LIBRARY_MAX_BYTES
+    if library:
         shortlist += [a for a in pool if a.terms is None]  # the library's own call
     if len(shortlist) == 1:
-        return best
-    return _tuner.tuner(ctx, settings, nodes, per_node).choose(ctx, nbytes, shortlist)
+        return ranked[0]
+    return _tuner.tuner(ctx, settings, nodes, per_node).choose(ctx, nbytes, shortlist, library)
+
+
+def library_agrees(red: Reduction | None) -> bool:
+    """Whether every MPI family's own MPI_Allreduce gives ringmpi's answer for
+    ``red`` (None: any reduction that does), so that auto's tuner may run it: not
+    MAX or MIN of floating or complex data (the libraries drop NaNs, and Intel MPI
+    returns different signed zeros on different ranks), not SUM, PROD or AVG of 8-
+    and 16-bit integers (Open MPI saturates them). README, "The three MPI families"."""
+    if red is None:
+        return True
+    if red.name in ("max", "min"):
+        return red.dtype.kind not in "fc"
+    if red.name in ("sum", "prod", "avg"):
+        return not (red.dtype.kind in "iu" and red.dtype.itemsize <= 2)
+    return True
 
 
 def candidates() -> list[str]:

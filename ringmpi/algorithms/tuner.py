@@ -5,7 +5,9 @@ Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
 library's own MPI_Allreduce costs on this machine, nor how far the model is off
 here. So for each size class (the powers of two: a call of n bytes is in class
 ``n.bit_length()``) the first calls are trials: the model's two best algorithms
-and the library's MPI_Allreduce take turns, each once untimed and then
+and the library's MPI_Allreduce (where it gives ringmpi's answer:
+:func:`ringmpi.algorithms.library_agrees`; the others are tuned apart, as
+class ``-n.bit_length()``) take turns, each once untimed and then
 :func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call
 timed on the path a repeated call takes. Every
 trial is a real call, with its true result. After the last trial the ranks agree
@@ -117,9 +119,11 @@ class Tuner:
         self.path = cache_file(settings)
         self.known: dict[int, str] = _load(ctx, self.path, layout, settings.retune_days)
 
-    def choose(self, ctx: Context, nbytes: int, shortlist):
-        """The record a call of ``nbytes`` runs: the class's winner, or its next trial."""
-        klass = nbytes.bit_length()
+    def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True):
+        """The record a call of ``nbytes`` runs: the class's winner, or its next trial.
+        A class is tuned apart for reductions the library's call may not run
+        (``library`` False: ringmpi's own candidates only)."""
+        klass = nbytes.bit_length() if library else -nbytes.bit_length()
         name = self.known.get(klass)
         if name is not None:
             if name in names() and fits(get(name), ctx):
@@ -210,7 +214,8 @@ def _store(path: str, layout: str, klass: int, winner: str, times: dict[str, flo
     data = _read(path) or {"version": _VERSION, "layouts": {}}
     entry = {
         "algorithm": winner,
-        "bytes": f"{1 << (klass - 1) if klass else 0}-{(1 << klass) - 1}",
+        "bytes": f"{1 << (abs(klass) - 1) if klass else 0}-{(1 << abs(klass)) - 1}",
+        "library": klass >= 0,  # False: the class of reductions the library may not run
         "seconds": {k: float(f"{v:.3g}") for k, v in times.items()},
         "tuned_at": time.time(),
     }

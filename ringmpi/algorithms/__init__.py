@@ -67,11 +67,14 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
            reproducible: bool = False) -> Algorithm:  # fmt: skip
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
-    The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto
-    chooses among ringmpi's own algorithms the one the cost model
-    (:mod:`ringmpi.tuning`) predicts fastest for this size, rank count and node
-    layout; the choice is kept per communicator, size and settings, so it costs
-    one lookup after the first call.
+    The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks
+    ringmpi's own algorithms by the cost model (:mod:`ringmpi.tuning`) for this
+    size, rank count and node layout; then the online tuner
+    (:mod:`ringmpi.algorithms.tuner`) decides between the model's two best and
+    the library's MPI_Allreduce (where it gives ringmpi's answer:
+    :func:`library_agrees`): while it tries them this returns a
+    :class:`~ringmpi.algorithms.tuner.Trial`. The choice is kept per
+    communicator, size and settings, so it costs one lookup after the first call.
 
     Where the reduction order matters (``reproducible`` and a floating or complex
     ``red``; None counts as one) auto chooses among the algorithms that keep it,

@@ -6,12 +6,14 @@
 The difference of the two totals over 60,000 is one call's instructions
 (docs/performance.md). Paths: ``raw`` (comm.Allreduce through mpi4py), ``api``
 (ringmpi.Allreduce with algorithm="mpi", its repeat path) and ``run`` (that
-repeat's compiled call, without the API's checks).
+repeat's compiled call, without the API's checks). ``time N`` times the three
+instead, under mpirun, interleaved in 7 rounds of N calls: the median µs a call.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -27,7 +29,23 @@ def main() -> None:
     for _ in range(5):  # from the second call on, the repeat path
         call(in_place, a, op, comm, algorithm="mpi")
     run = _api._last[id(a)][-1]
-    if what == "raw":
+    paths = {
+        "raw": lambda: comm.Allreduce(in_place, a, op),
+        "api": lambda: call(in_place, a, op, comm, algorithm="mpi"),
+        "run": lambda: run(a, a),
+    }
+    if what == "time":
+        times: dict[str, list[float]] = {k: [] for k in paths}
+        for _ in range(7):
+            for name, f in paths.items():
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    f()
+                times[name].append((time.perf_counter() - t0) / n * 1e6)
+        if comm.rank == 0:
+            print({k: round(float(np.median(v)), 2) for k, v in times.items()})
+    elif what == "raw":
         for _ in range(n):
             comm.Allreduce(in_place, a, op)
     elif what == "api":
@@ -37,7 +55,7 @@ def main() -> None:
         for _ in range(n):
             run(a, a)
     else:
-        raise SystemExit(f"unknown path {what!r}: raw, api or run")
+        raise SystemExit(f"unknown path {what!r}: raw, api, run or time")
 
 
 if __name__ == "__main__":

@@ -141,8 +141,9 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     """Compile (or load from Numba's cache) every algorithm's loops for ``op`` on
     ``dtype`` now, before a program starts timing; collective over ``comm``.
 
-    One rank per node compiles into Numba's cache while the node's other ranks
-    wait, sleeping, then load what it wrote (a first call does the same for the
+    Where a node's ranks outnumber its cores, the node's first rank compiles into
+    Numba's cache while the others wait, sleeping, then load what it wrote; with
+    a core each, every rank compiles at once (a first call does the same for the
     algorithm it runs, unasked). ``timeout``: as for :func:`Allreduce`. Returns
     the slowest rank's seconds.
     """

@@ -83,10 +83,12 @@ def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
 
 
 def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the repeat's call for every dtype (the
-    baseline reduces the user's dtype itself, not lanes: ``kinds`` says nothing)."""
+    """Compile (or load from Numba's cache) the repeat's call for the dtypes whose
+    lanes are ``kinds`` (the baseline reduces the user's dtype itself: a complex
+    dtype's lanes are its real parts)."""
     for dt in DTYPES:
-        _entry(dt)
+        if dt in kinds or (dt.kind == "c" and np.dtype(f"f{dt.itemsize // 2}") in kinds):
+            _entry(dt)
 
 
 register("mpi", mpi_allreduce_run, own=False, prepare=prepare, warm=warm,

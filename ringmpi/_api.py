@@ -9,8 +9,8 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import _settings, _trace, algorithms
-from ._cache import Bounded
+from . import _direct, _settings, _trace, algorithms
+from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
 from .kernels import Reduction, reduction
@@ -46,38 +46,20 @@ def Allreduce(
     defaults are :func:`ringmpi.configure`'s settings.
     """
     # A repeat of an earlier call on the very same objects (see _repeat, which
-    # lays out `hit`): checked and run here, inline, as it is the hot path.
+    # lays out `hit`), run here, inline, as it is the hot path. `run` checks the
+    # arrays (compiled, for the library's call) and sends nothing if they changed.
     hit = _last.get(id(recvbuf))
     if hit is not None:
-        (recv_ref, send_ref, send_shape, op_, comm_, args, shape, dtype, ctx, settings,
-         run) = hit  # fmt: skip
-        if (
-            recv_ref() is recvbuf
-            and op is op_
-            and comm is comm_
-            and algorithm == args[0]
-            and validate is args[1]
-            and timeout == args[2]
-            and reproducible is args[3]
-            and recvbuf.shape == shape
-            and recvbuf.dtype is dtype
-            and recvbuf.flags.carray  # C-contiguous, aligned and writeable: one lookup
-            and ctx.alive
-            and _NOW[0] is settings
-            and not _TRACES
-            and (
-                sendbuf is _IN_PLACE
-                if send_ref is None
-                else (
-                    send_ref() is sendbuf
-                    and sendbuf.shape == send_shape
-                    and sendbuf.dtype is dtype
-                    and sendbuf.flags.c_contiguous
-                )
-            )
-        ):
-            run(recvbuf, recvbuf if send_ref is None else sendbuf)
-            return
+        recv_ref, send_ref, args, in_place, run, cells = hit
+        if recv_ref() is recvbuf and (op, comm, algorithm, validate, timeout, reproducible) == args:
+            if send_ref is None:
+                err = in_place(recvbuf, cells) if sendbuf is _IN_PLACE else _STALE
+            else:
+                err = run(recvbuf, sendbuf, cells) if send_ref() is sendbuf else _STALE
+            if not err:
+                return
+            if err != _STALE:
+                raise MPI.Exception(err)
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     found = _repeats.get(key)
     if found is not None and found is not hit:  # several calls on one recvbuf take turns
@@ -116,6 +98,12 @@ def Allreduce(
     done = _run(send, recv, count, red, comm, algorithm, validate, waits, ordered)
     if done is not None:
         _remember(given, send, recv, count, red, *done)
+
+
+# What users call: a builtin that runs repeats of the library's call from C
+# (ringmpi._direct) and every other call through the function above.
+_python_allreduce = Allreduce
+Allreduce = _direct.entry(_python_allreduce)
 
 
 def allreduce(
@@ -368,10 +356,11 @@ def _run(
 # MPI_Allreduce itself (docs/performance.md). So calls are remembered -- their arrays by weak
 # reference, with what was derived from them -- and a call with the very same
 # objects goes straight to the algorithm, after checking everything that could make
-# it differ: the arrays' shape, dtype and flags, the settings snapshot, an open
-# trace (which takes the full path, to be recorded), a freed communicator. A call is
-# remembered only once the same objects come a second time, so that calls on ever
-# new arrays (allreduce(), buffer specs) pay almost nothing for it.
+# it differ: the arrays' shape, dtype and flags. Whatever else it was derived from
+# -- the settings, an open trace (which takes the full path, to be recorded), a
+# freed communicator -- empties these caches when it changes (_cache.changed). A
+# call is remembered only once the same objects come a second time, so that calls
+# on ever new arrays (allreduce(), buffer specs) pay almost nothing for it.
 
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the other arguments; an
 # entry (see _repeat) holds what confirms the objects (the arrays by weak
@@ -381,30 +370,64 @@ def _run(
 # (docs/performance.md has what too little room cost).
 _KEPT = 1024
 # What the hot path reads, as module globals (one lookup each).
-_NOW, _TRACES, _IN_PLACE = _settings._now, _trace._active, MPI.IN_PLACE
-_repeats: Bounded[tuple, Any] = Bounded(_KEPT)
-_last: Bounded[int, Any] = Bounded(_KEPT)
-_seen: Bounded[tuple, None] = Bounded(_KEPT)  # keys met once
+_IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
+_repeats: Bounded[tuple, Any] = derived(Bounded(_KEPT))
+_last: Bounded[int, Any] = derived(Bounded(_KEPT))
+_seen: Bounded[tuple, None] = derived(Bounded(_KEPT))  # keys met once
 
 
-def _repeat(args: tuple, send, recv, ctx: Context, run) -> tuple:
+def _repeat(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: int,
+            timeout: float) -> tuple:  # fmt: skip
     """What Allreduce checks to repeat a call on the same arguments, and runs:
-    (recvbuf and sendbuf by weak reference, None in place; sendbuf's shape; op;
-    comm; (algorithm, validate, timeout, reproducible); recvbuf's shape and dtype;
-    the context; the settings snapshot; run(recvbuf, sendbuf or recvbuf))."""
-    sendbuf, recvbuf, op, comm, *rest = args
-    in_place = sendbuf is MPI.IN_PLACE
-    if recvbuf.ndim != 1 or (not in_place and sendbuf.ndim != 1):
-        flat = run
+    (recvbuf and sendbuf by weak reference, None in place; (op, comm, algorithm,
+    validate, timeout, reproducible), equal ones naming the same; in_place(recvbuf,
+    cells); run(recvbuf, sendbuf, cells); cells). The two calls return 0, an MPI
+    error code, or STALE when the arrays' shape, dtype or flags are no longer
+    those of this call."""
+    sendbuf, recvbuf, *rest = args
+    made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
+    if made is not None:
+        in_place, run, cells = made
+        if rest[2:] == ["auto", None, None, None]:  # a call with positional arguments only
+            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells)
+    else:
+        in_place, run, cells = _checked(algorithms.repeater(algo, red, ctx, count, timeout),
+                                        recv, send)  # fmt: skip
+    return (weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
+            tuple(rest), in_place, run, cells)  # fmt: skip
 
-        def run(recvbuf: np.ndarray, source: np.ndarray) -> None:
-            # views of the same memory, one dimension (in place: the very same view)
-            work = recvbuf.reshape(-1)
-            flat(work, work if source is recvbuf else source.reshape(-1))
 
-    return (weakref.ref(recvbuf), None if in_place else weakref.ref(sendbuf),
-            None if in_place else send.shape, op, comm, tuple(rest), recv.shape, recv.dtype,
-            ctx, _settings.current(), run)  # fmt: skip
+def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
+    """(in_place, run, None) for ``again(work, source)``, which takes 1-D arrays of
+    this call's dtype and size: each checks the arrays first."""
+    shape, dtype = recv.shape, recv.dtype
+    send_shape = None if send is None else send.shape
+    flat = recv.ndim != 1 or (send is not None and send.ndim != 1)
+
+    def in_place(recvbuf: np.ndarray, _) -> int:
+        if recvbuf.shape != shape or recvbuf.dtype is not dtype or not recvbuf.flags.carray:
+            return _STALE  # carray: C-contiguous, aligned and writeable, in one lookup
+        work = recvbuf.reshape(-1) if flat else recvbuf  # a view of the same memory
+        again(work, work)
+        return 0
+
+    def run(recvbuf: np.ndarray, sendbuf: np.ndarray, _) -> int:
+        if (
+            recvbuf.shape != shape
+            or recvbuf.dtype is not dtype
+            or not recvbuf.flags.carray
+            or sendbuf.shape != send_shape
+            or sendbuf.dtype is not dtype
+            or not sendbuf.flags.c_contiguous
+        ):
+            return _STALE
+        if flat:
+            again(recvbuf.reshape(-1), sendbuf.reshape(-1))
+        else:
+            again(recvbuf, sendbuf)
+        return 0
+
+    return in_place, run, None
 
 
 def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo,
@@ -420,15 +443,16 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
             sendbuf is MPI.IN_PLACE
             or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
+        and not _trace._active  # a traced call takes the full path, to be recorded
     )
     if not simple:
         return
     if key not in _seen:  # not a repeat (yet)
         _seen.put(key, None)
         return
-    run = algorithms.repeater(algo, red, ctx, count, timeout)
     args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    _last.put(id(recvbuf), _repeats.put(key, _repeat(args, send, recv, ctx, run)))
+    hit = _repeat(args, send, recv, ctx, algo, red, count, timeout)
+    _last.put(id(recvbuf), _repeats.put(key, hit))
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

@@ -1,13 +1,15 @@
-"""A bounded cache: a dict that forgets its oldest half when it is full."""
+"""Bounded caches (a dict that forgets its oldest half when it is full), and the
+caches derived from the settings and the open traces, emptied when those change."""
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-__all__ = ["Bounded"]
+__all__ = ["Bounded", "changed", "derived"]
 
 K = TypeVar("K")
 V = TypeVar("V")
+D = TypeVar("D", bound=dict)
 
 
 class Bounded(dict[K, V]):
@@ -24,3 +26,21 @@ class Bounded(dict[K, V]):
                 del self[old]
         self[key] = value
         return value
+
+
+# The caches of remembered calls (the API's repeat path): emptied whenever
+# something they were derived from changes, so that a repeat checks none of it.
+_derived: list[dict] = []
+
+
+def derived(cache: D) -> D:
+    """Register ``cache`` to be emptied by :func:`changed`; returns it."""
+    _derived.append(cache)
+    return cache
+
+
+def changed() -> None:
+    """The settings changed, a trace opened or closed, or a communicator was freed
+    or broken: forget every remembered call."""
+    for cache in _derived:
+        cache.clear()

@@ -141,6 +141,12 @@ def mpi_get_count(typingctx, status, datatype, count):
     return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Get_count", "ppp")
 
 
+# An MPI_Allreduce prepared as an int64 array, its cells (the mpi algorithm's
+# direct repeat, ringmpi._direct): MPI_IN_PLACE's address, the datatype, op and
+# communicator handles, the count, and the NumPy number of the dtype it is for.
+CELL_IN_PLACE, CELL_DATATYPE, CELL_OP, CELL_COMM, CELL_COUNT, CELL_DTYPE = range(6)
+
+
 @intrinsic
 def mpi_allreduce(typingctx, sbuf, rbuf, count, datatype, op, comm):
     """MPI_Allreduce(sbuf, rbuf, count, datatype, op, comm)."""
@@ -199,6 +205,64 @@ def sched_yield(typingctx):
         return builder.call(_declare(builder, "sched_yield", _I32, []), [])
 
     return types.int32(), codegen
+
+
+# CPython's and memory's side, for the API's direct repeat (ringmpi._direct): an
+# object is the int64 of its address there.
+
+
+@intrinsic
+def peek(typingctx, address):
+    """The int64 at ``address``."""
+
+    def codegen(context, builder, sig, args):
+        return builder.load(builder.inttoptr(args[0], _I64.as_pointer()))
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def peek32(typingctx, address):
+    """The C int at ``address``, widened to int64."""
+
+    def codegen(context, builder, sig, args):
+        return builder.sext(builder.load(builder.inttoptr(args[0], _I32.as_pointer())), _I64)
+
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def poke(typingctx, address, value):
+    """Write the int64 ``value`` at ``address``."""
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[1], builder.inttoptr(args[0], _I64.as_pointer()))
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64), codegen
+
+
+@intrinsic
+def py_vectorcall(typingctx, callable, args, nargsf, kwnames):
+    """PyObject_Vectorcall(callable, args, nargsf, kwnames): a new reference, or 0
+    with the exception set."""
+
+    def codegen(context, builder, sig, args_):
+        fn = _declare(builder, "PyObject_Vectorcall", _I64, [_I64] * 4)
+        return builder.call(fn, list(args_))
+
+    return types.int64(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def py_incref(typingctx, obj):
+    """Py_IncRef(obj)."""
+
+    def codegen(context, builder, sig, args):
+        builder.call(_declare(builder, "Py_IncRef", ir.VoidType(), [_I64]), [args[0]])
+        return context.get_dummy_value()
+
+    return types.none(types.int64), codegen
 
 
 _CLOCK_MONOTONIC = 1  # Linux's clockid_t for CLOCK_MONOTONIC

@@ -15,7 +15,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import _settings
+from . import _cache, _settings
 from ._cache import Bounded
 from ._errors import RingMPIError
 from .kernels import Reduction, decode_tag
@@ -52,7 +52,6 @@ class Context:
         self.chosen: Bounded[tuple, object] = Bounded(_CHOICES_KEPT)
         self._node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
-        self.alive = True  # until free(): the user freed the communicator
         # Why this communicator can no longer be used (a call that timed out may
         # have left messages in flight), or None.
         self.broken: str | None = None
@@ -122,7 +121,7 @@ class Context:
             "its messages may still arrive. Free the communicator and use a new one "
             "(comm.Dup()), or end the job."
         )
-        self.alive = False  # repeats of earlier calls take the checked path, which raises
+        _cache.changed()  # repeats of earlier calls take the checked path, which raises
 
     def arrive(self, comm: MPI.Intracomm, where: str, timeout: float) -> None:
         """Before a blocking collective on ``comm`` (setting up a window or a layout):
@@ -153,7 +152,7 @@ class Context:
         return self._scratch[:nbytes]
 
     def free(self) -> None:
-        self.alive = False
+        _cache.changed()
         for state in reversed(list(self._states.values())):
             state.free()
         self._states.clear()

@@ -20,7 +20,7 @@ from mpi4py import MPI
 import ringmpi
 import ringmpi._api
 import ringmpi._comm
-from ringmpi import kernels, verify
+from ringmpi import algorithms, kernels, verify
 from ringmpi.schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -985,26 +985,79 @@ def test_a_repeat_sees_a_new_setting(environ):
     agree(WORLD, says(message, "RINGMPI_SEGMENT_BYTES must be a whole number"))
 
 
-def test_a_repeat_sees_the_array_change_in_place():
+# "mpi" repeats from compiled code, which checks the arrays itself; the others in Python.
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "mpi"])
+def test_a_repeat_sees_the_array_change_in_place(algorithm):
     count = 64
     a = np.empty(count, np.float32)
     problems = []
     for _ in range(3):
         a[...] = verify.verify_inputs(MPI.SUM, "float32", RANK, count)
-        ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+        ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm=algorithm)
     a.dtype = np.int32  # the same memory, now 64 int32
     a[...] = verify.verify_inputs(MPI.SUM, "int32", RANK, count)
-    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm=algorithm)
     problems += mismatch("as int32", a, verify.verify_expected(MPI.SUM, "int32", SIZE, count))
     a.flags.writeable = False
-    message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    message = raised(ValueError, ringmpi.Allreduce, MPI.IN_PLACE, a, algorithm=algorithm)
     problems += says(message, "read-only")
     a.flags.writeable = True
     a.shape = (8, 8)
     a[...] = verify.verify_inputs(MPI.SUM, "int32", RANK, count).reshape(8, 8)
-    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm="recursive_doubling")
+    ringmpi.Allreduce(MPI.IN_PLACE, a, algorithm=algorithm)
     want = verify.verify_expected(MPI.SUM, "int32", SIZE, count).reshape(8, 8)
     problems += mismatch("as 8x8", a, want)
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("algorithm", ["recursive_doubling", "mpi"])
+def test_a_repeat_out_of_place_sees_the_arrays_change(algorithm):
+    count = 64
+    send, recv = np.empty(count, np.float64), np.empty(count, np.float64)
+    x = verify.verify_inputs(MPI.SUM, "float64", RANK, count)
+    want = verify.verify_expected(MPI.SUM, "float64", SIZE, count)
+    problems = []
+    for k in range(3):
+        send[...] = x
+        ringmpi.Allreduce(send, recv, algorithm=algorithm)
+        problems += mismatch(f"call {k}", recv, want)
+    send.flags.writeable = False  # a read-only contribution is still read
+    recv[...] = SENTINEL
+    ringmpi.Allreduce(send, recv, algorithm=algorithm)
+    problems += mismatch("read-only sendbuf", recv, want)
+    send.flags.writeable = True
+    send.dtype = np.int64  # sendbuf's dtype no longer recvbuf's: refused, nothing sent
+    message = raised(TypeError, ringmpi.Allreduce, send, recv, algorithm=algorithm)
+    problems += says(message, "dtype")
+    agree(WORLD, problems)
+
+
+def counted(work, red, ctx, source=None, timeout=0.0):
+    """The ring, counting its calls on this rank."""
+    COUNTED.append(work.size)
+    algorithms.get("ring").run(work, red, ctx, source, timeout)
+
+
+COUNTED: list[int] = []
+
+
+def test_a_repeat_sees_configure(settings):
+    algorithms.register("counted", counted)
+    try:
+        COUNTED.clear()
+        buf = inputs(64)
+        settings(algorithm="mpi")
+        for _ in range(3):  # remembered, running the library's call
+            ringmpi.Allreduce(MPI.IN_PLACE, buf)
+        settings(algorithm="counted")
+        problems = []
+        for k in range(2):
+            buf[...] = inputs(64)
+            ringmpi.Allreduce(MPI.IN_PLACE, buf)
+            problems += mismatch(f"call {k}", buf, expected(64))
+        problems += [] if COUNTED == [64, 64] else [f"'counted' ran {COUNTED}, not twice"]
+    finally:
+        algorithms.unregister("counted")
     agree(WORLD, problems)
 
 

@@ -28,6 +28,7 @@ from . import ring, latency, hierarchical, shared, chain, mpi  # noqa: F401
 # isort: on
 from . import tuner as _tuner
 from .registry import (
+    STALE,
     Algorithm,
     check,
     fits,
@@ -42,6 +43,7 @@ from .registry import (
 from .tuner import Trial
 
 __all__ = [
+    "STALE",
     "Algorithm",
     "Trial",
     "candidates",

@@ -11,15 +11,23 @@ from __future__ import annotations
 import numba
 import numpy as np
 from mpi4py import MPI
+from numba.extending import overload
+from numba.np.numpy_support import as_dtype
 
-from .._capi import handle, mpi_allreduce
+from .. import _direct
+from .._capi import (
+    CELL_COMM,
+    CELL_COUNT,
+    CELL_DATATYPE,
+    CELL_DTYPE,
+    CELL_IN_PLACE,
+    CELL_OP,
+    handle,
+    mpi_allreduce,
+)
 from .._comm import Context, library_allreduce
 from ..kernels import DTYPES, Reduction
-from .registry import register
-
-# The cells of a compiled call: MPI_IN_PLACE's address, the datatype, op and
-# communicator handles.
-IN_PLACE, DATATYPE, OP, COMM = range(4)
+from .registry import STALE, register
 
 
 def mpi_allreduce_run(
@@ -38,59 +46,117 @@ def mpi_allreduce_run(
 # MPI_Allreduce takes a C int count; a larger one goes through mpi4py, which calls
 # the large-count MPI_Allreduce_c.
 _INT_MAX = 2**31 - 1
-_TOO_MANY = -1  # not an MPI error code (those are >= 0)
+
+
+def _usable(array, written):
+    """Whether compiled code may hand ``array`` to MPI as is: C-contiguous, aligned
+    and, if MPI writes it, writeable (known from its type, when it compiles)."""
+
+
+@overload(_usable)
+def _usable_typed(array, written):
+    ok = array.layout == "C" and array.aligned
+    ok_written = ok and array.mutable
+    return lambda array, written: ok_written if written else ok
+
+
+def _dtype_number(work):
+    """The NumPy number of ``work``'s dtype (known when it compiles)."""
+
+
+@overload(_dtype_number)
+def _dtype_number_typed(work):
+    number = as_dtype(work.dtype).num
+    return lambda work: number
 
 
 @numba.njit(cache=True)
-def _allreduce(work, source, cells):
-    """MPI_Allreduce of ``source`` (in place when it is ``work``) into ``work``;
-    returns MPI's error code, or _TOO_MANY for a count above a C int."""
-    if work.size > _INT_MAX:
-        return _TOO_MANY
-    send = cells[IN_PLACE] if source.ctypes.data == work.ctypes.data else source.ctypes.data
-    return mpi_allreduce(send, work.ctypes.data, work.size, cells[DATATYPE], cells[OP],
-                         cells[COMM])  # fmt: skip
+def _in_place(work, cells):
+    """MPI_Allreduce(MPI_IN_PLACE, work): MPI's error code, or STALE (nothing sent)
+    unless ``work`` is still what ``cells`` were made for."""
+    if (
+        not _usable(work, True)
+        or work.size != cells[CELL_COUNT]
+        or _dtype_number(work) != cells[CELL_DTYPE]
+    ):
+        return STALE
+    return mpi_allreduce(cells[CELL_IN_PLACE], work.ctypes.data, work.size, cells[CELL_DATATYPE],
+                         cells[CELL_OP], cells[CELL_COMM])  # fmt: skip
 
 
-def _entry(dtype: np.dtype):
-    """The compiled call's entry point for arrays of ``dtype`` (past Numba's dispatcher:
-    the API's repeat path has checked the arrays' dtype and layout)."""
-    arr = numba.typeof(np.zeros(1, dtype))
-    return _allreduce.compile((arr, arr, numba.typeof(np.zeros(4, np.int64))))
+@numba.njit(cache=True)
+def _from(work, source, cells):
+    """MPI_Allreduce(source, work), as :func:`_in_place` (``source`` may be read-only)."""
+    if (
+        not _usable(work, True)
+        or not _usable(source, False)
+        or work.size != cells[CELL_COUNT]
+        or source.size != work.size
+        or _dtype_number(work) != cells[CELL_DTYPE]
+        or _dtype_number(source) != cells[CELL_DTYPE]
+    ):
+        return STALE
+    return mpi_allreduce(source.ctypes.data, work.ctypes.data, work.size, cells[CELL_DATATYPE],
+                         cells[CELL_OP], cells[CELL_COMM])  # fmt: skip
+
+
+def _number(dtype: np.dtype) -> int:
+    """``dtype``'s number as compiled code sees it (int64's, for a ``longlong``)."""
+    return as_dtype(numba.from_dtype(dtype)).num
+
+
+def _cells(red: Reduction, ctx: Context, count: int) -> np.ndarray:
+    # In CELL_* order; the datatype is the predefined one mpi4py itself sends this dtype as.
+    return np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
+                     handle(red.mpi_op), handle(ctx.comm), count, _number(red.dtype)],
+                    np.int64)  # fmt: skip
+
+
+def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+    """(in_place, from, cells): MPI_Allreduce once more straight from compiled code,
+    for the API's repeat path; None where the call needs Python (a timeout polls
+    the nonblocking call, AVG divides after, a count above a C int goes through
+    mpi4py)."""
+    if timeout or count > _INT_MAX or red.partials() is not red:
+        return None
+    return _in_place, _from, _cells(red, ctx, count)
 
 
 def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
-    """``again(work, source)``: MPI_Allreduce once more, from compiled code (without a
-    timeout; with one, the plain call, which polls the nonblocking one)."""
-    if timeout:
+    """``again(work, source)`` (the tuner's trials): MPI_Allreduce once more, from
+    compiled code (through mpi4py for a count above a C int); None where it needs
+    Python after (AVG divides) or a timeout (the plain call polls)."""
+    if timeout or red.partials() is not red:
         return None
-    # The predefined datatype mpi4py itself sends this dtype as.
-    cells = np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
-                      handle(red.mpi_op), handle(ctx.comm)], np.int64)  # fmt: skip
-    entry, size, comm, op = _entry(red.dtype), ctx.size, ctx.comm, red.mpi_op
-    finish = red.finish if red.partials() is not red else None  # AVG divides
+    comm, op, made = ctx.comm, red.mpi_op, {}
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
-        err = entry(work, source, cells)
-        if err == _TOO_MANY:
+        if work.size > _INT_MAX:
             comm.Allreduce(MPI.IN_PLACE if source is work else source, work, op)
-        elif err:
+            return
+        cells = made.get(work.size)
+        if cells is None:
+            cells = made[work.size] = _cells(red, ctx, work.size)
+        err = _in_place(work, cells) if source is work else _from(work, source, cells)
+        if err:
             raise MPI.Exception(err)
-        if finish is not None:
-            finish(work, size)
 
     return again
 
 
 def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the repeat's call for the dtypes whose
-    lanes are ``kinds`` (the baseline reduces the user's dtype itself: a complex
-    dtype's lanes are its real parts)."""
+    """Compile (or load from Numba's cache) the repeat's calls for 1-D arrays of the
+    dtypes whose lanes are ``kinds`` (the baseline reduces the user's dtype itself:
+    a complex dtype's lanes are its real parts)."""
+    cells = numba.typeof(np.zeros(1, np.int64))
     for dt in DTYPES:
         if dt in kinds or (dt.kind == "c" and np.dtype(f"f{dt.itemsize // 2}") in kinds):
-            _entry(dt)
+            arr = numba.typeof(np.zeros(1, dt))
+            _in_place.compile((arr, cells))
+            _from.compile((arr, arr, cells))
+    _direct.warm()
 
 
-register("mpi", mpi_allreduce_run, own=False, prepare=prepare, warm=warm,
+register("mpi", mpi_allreduce_run, own=False, prepare=prepare, direct=direct, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip

@@ -27,10 +27,12 @@ from .._comm import Context
 from ..kernels import Reduction
 from ..plans import Plan
 
-__all__ = ["Algorithm", "check", "engine_run", "fits", "get", "listing", "lookup", "names",
+__all__ = ["STALE", "Algorithm", "check", "engine_run", "fits", "get", "listing", "lookup", "names",
            "records", "register", "repeater", "unregister"]  # fmt: skip
 
 AlgorithmFn = Callable[..., None]
+# What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
+STALE = -1
 # (nranks, rank, count, itemsize) -> this rank's plan (pure)
 PlanFn = Callable[[int, int, int, int], Plan]
 # (n bytes, p ranks, M nodes, largest node's ranks) -> {model constant: how many of it}
@@ -65,6 +67,12 @@ class Algorithm:
     # prepare(red, ctx, timeout) -> again(work, source): the call once more with the
     # least Python, for calls that repeat; None: a plan algorithm's engine repeat.
     prepare: Callable[..., Any] | None = None
+    # direct(red, ctx, count, timeout) -> (in_place, from, cells) or None: compiled
+    # calls the API's repeat path makes with no Python between, in_place(work, cells)
+    # and from(work, source, cells) (the arrays as the user passed them), each
+    # returning 0, an MPI error code or STALE (nothing sent: the arrays are no longer
+    # what ``cells`` were made for).
+    direct: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
 
@@ -73,7 +81,7 @@ class Algorithm:
         """The record a half-type call runs: its half path, repeated as a plain call."""
         if self.half is None:
             raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
-        return replace(self, run=self.half, plan=None, prepare=None)
+        return replace(self, run=self.half, plan=None, prepare=None, direct=None)
 
 
 _REGISTRY: dict[str, Algorithm] = {}

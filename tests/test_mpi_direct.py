@@ -1,0 +1,196 @@
+"""ringmpi.Allreduce's C repeat of the library's call (ringmpi._direct), under MPI.
+
+Every test runs auto as the ``mpi`` algorithm (the ``algorithm`` setting), the
+case the C function serves, and counts the calls that reached the Python
+function: a repeat must not (the C function ran it), anything it cannot prove
+unchanged must (and then gives the exact answer the Python path gives).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import agree
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import _api, _direct, verify
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+
+
+@pytest.fixture
+def through_python(settings):
+    """The calls that reached the Python function, as (nargs, keywords) pairs."""
+    settings(algorithm="mpi")
+    holder = _direct._state["holder"]
+    python = holder.python
+    seen: list[tuple[int, tuple[str, ...]]] = []
+
+    def counted(*args, **kwargs):
+        seen.append((len(args), tuple(kwargs)))
+        return python(*args, **kwargs)
+
+    holder.python = counted
+    try:
+        yield seen
+    finally:
+        holder.python = python
+
+
+def inputs(count: int, dtype: str, op=MPI.SUM, k: int = 0) -> np.ndarray:
+    """This rank's input, plus ``k`` (SUM only)."""
+    return (verify.verify_inputs(op, dtype, RANK, count) + k).astype(dtype)
+
+
+def expected(count: int, dtype: str, op=MPI.SUM, k: int = 0) -> np.ndarray:
+    """The exact all-reduce of :func:`inputs` over WORLD."""
+    return (verify.verify_expected(op, dtype, SIZE, count) + k * SIZE).astype(dtype)
+
+
+def mismatch(what: str, got: np.ndarray, want: np.ndarray) -> list[str]:
+    if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+        return [f"{what}: got {got.dtype}{list(got.shape)} {got.ravel()[:4]}..., "
+                f"expected {want.dtype}{list(want.shape)} {want.ravel()[:4]}..."]  # fmt: skip
+    return []
+
+
+def test_the_builtin_is_what_users_call():
+    problems = []
+    if not _direct._layout_ok():
+        problems.append("this CPython and NumPy should lay arrays out as _direct reads them")
+    if ringmpi.Allreduce is _api._python_allreduce or type(ringmpi.Allreduce).__name__ != (
+        "builtin_function_or_method"
+    ):
+        problems.append(f"ringmpi.Allreduce is {ringmpi.Allreduce!r}, not the builtin")
+    if ringmpi.Allreduce.__doc__ != _api._python_allreduce.__doc__:
+        problems.append("the builtin does not carry the function's docstring")
+    if (ringmpi.Allreduce.__name__, ringmpi.Allreduce.__module__) != ("Allreduce", "ringmpi._api"):
+        problems.append(f"named {ringmpi.Allreduce.__module__}.{ringmpi.Allreduce.__name__}")
+    agree(WORLD, problems)
+
+
+# (positional arguments after sendbuf and recvbuf): op and comm by default or given
+ARITIES = {"2": (), "3": (MPI.SUM,), "4": (MPI.SUM, WORLD), "4-None": (MPI.SUM, None)}
+CASES = [("float32", MPI.SUM), ("float64", MPI.SUM), ("int32", MPI.SUM), ("int64", MPI.MAX),
+         ("complex128", MPI.SUM), ("uint8", MPI.BOR), ("float64", MPI.PROD)]  # fmt: skip
+
+
+@pytest.mark.parametrize("arity", ARITIES, ids=list(ARITIES))
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
+def test_repeats_run_in_c_with_exact_results(through_python, arity, in_place):
+    problems = []
+    for dtype, op in CASES:
+        if op is not MPI.SUM and arity == "2":
+            continue  # op is the default, SUM
+        rest = (op, *ARITIES[arity][1:]) if ARITIES[arity] else ()
+        for count in (1, 1009):
+            recv = np.empty(count, dtype)
+            send = None if in_place else np.empty(count, dtype)
+            seen = []  # calls through Python so far, after each call
+            for call in range(6):  # through Python until remembered (the second at most), then C
+                k = call if op is MPI.SUM else 0  # SUM: every call's answer differs
+                x = inputs(count, dtype, op, k)
+                recv[...] = x  # not the answer, where there are ranks to add
+                if in_place:
+                    ringmpi.Allreduce(MPI.IN_PLACE, recv, *rest)
+                else:
+                    send[...] = x
+                    ringmpi.Allreduce(send, recv, *rest)
+                want = expected(count, dtype, op, k)
+                problems += mismatch(f"{dtype} {op} count {count} call {call}", recv, want)
+                seen.append(len(through_python))
+            if seen[1] != seen[-1]:
+                problems.append(f"{dtype} {op} count {count}: calls 3-6 ran in Python")
+    agree(WORLD, problems)
+
+
+def test_what_changed_goes_through_python(through_python):
+    count, problems = 64, []
+    a = np.empty(count, np.float32)
+    for k in range(3):
+        a[...] = inputs(count, "float32", k=k)
+        ringmpi.Allreduce(MPI.IN_PLACE, a)
+    start = len(through_python)
+    a.dtype = np.int32  # the same memory, now 64 int32
+    a[...] = inputs(count, "int32")
+    ringmpi.Allreduce(MPI.IN_PLACE, a)
+    problems += mismatch("as int32", a, expected(count, "int32"))
+    a.flags.writeable = False
+    try:
+        ringmpi.Allreduce(MPI.IN_PLACE, a)
+        problems.append("a read-only recvbuf was written")
+    except ValueError as e:
+        problems += [] if "read-only" in str(e) else [f"read-only: {e}"]
+    a.flags.writeable = True
+    a.shape = (8, 8)
+    a[...] = inputs(count, "int32").reshape(8, 8)
+    ringmpi.Allreduce(MPI.IN_PLACE, a)
+    problems += mismatch("as 8x8", a, expected(count, "int32").reshape(8, 8))
+    a[...] = inputs(count, "int32").reshape(8, 8)
+    dup = WORLD.Dup()  # another communicator object
+    ringmpi.Allreduce(MPI.IN_PLACE, a, MPI.SUM, dup)
+    dup.Free()
+    problems += mismatch("on a duplicate", a, expected(count, "int32").reshape(8, 8))
+    a[...] = inputs(count, "int32").reshape(8, 8)
+    ringmpi.Allreduce(MPI.IN_PLACE, a, MPI.SUM, algorithm="auto")  # a keyword
+    problems += mismatch("with a keyword", a, expected(count, "int32").reshape(8, 8))
+    went = [c for c in through_python[start:]]
+    want = [(2, ()), (2, ()), (2, ()), (4, ()), (3, ("algorithm",))]
+    if went != want:
+        problems.append(f"through Python: {went}, expected {want}")
+    agree(WORLD, problems)
+
+
+def test_a_read_only_sendbuf_is_read_in_c(through_python):
+    count, problems = 100, []
+    send, recv = np.empty(count), np.empty(count)
+    for k in range(3):
+        send[...] = inputs(count, "float64", k=k)
+        ringmpi.Allreduce(send, recv)
+    start = len(through_python)
+    send[...] = inputs(count, "float64", k=7)
+    send.flags.writeable = False
+    ringmpi.Allreduce(send, recv)
+    problems += mismatch("read-only sendbuf", recv, expected(count, "float64", k=7))
+    if len(through_python) != start:
+        problems.append("a read-only sendbuf took the Python path")
+    send.flags.writeable = True
+    send.dtype = np.int64  # no longer recvbuf's dtype: refused before any message
+    try:
+        ringmpi.Allreduce(send, recv)
+        problems.append("sendbuf of another dtype was accepted")
+    except TypeError as e:
+        problems += [] if "dtype" in str(e) else [f"dtype: {e}"]
+    agree(WORLD, problems)
+
+
+def test_entries_go_with_their_arrays_and_settings(through_python, settings):
+    problems = []
+    a = np.empty(16)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, a)
+    slot = (id(a) >> 4) & (_direct._SLOTS - 1)
+    if slot not in _direct._kept:
+        problems.append("no entry for a repeated call")
+    del a
+    if slot in _direct._kept:
+        problems.append("a freed array's entry stayed")
+    b = np.empty(16)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, b)
+    settings(algorithm="mpi")  # a new settings snapshot, the same choice
+    if _direct._kept:
+        problems.append("entries stayed across a change of settings")
+    start = len(through_python)
+    b[...] = inputs(16, "float64")
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, b)
+    problems += mismatch("traced", b, expected(16, "float64"))
+    if (t.calls, len(through_python) - start) != (1, 1):
+        problems.append(f"a traced repeat: {t.calls} calls traced, "
+                        f"{len(through_python) - start} through Python")  # fmt: skip
+    agree(WORLD, problems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -50,8 +51,13 @@ def Allreduce(
     # arrays (compiled, for the library's call) and sends nothing if they changed.
     hit = _last.get(id(recvbuf))
     if hit is not None:
-        recv_ref, send_ref, args, in_place, run, cells = hit
-        if recv_ref() is recvbuf and (op, comm, algorithm, validate, timeout, reproducible) == args:
+        recv_ref, send_ref, args, settings, in_place, run, cells = hit
+        if (
+            recv_ref() is recvbuf
+            and (op, comm, algorithm, validate, timeout, reproducible) == args
+            and _NOW[0] is settings
+            and not _TRACES
+        ):
             if send_ref is None:
                 err = in_place(recvbuf, cells) if sendbuf is _IN_PLACE else _STALE
             else:
@@ -356,11 +362,11 @@ def _run(
 # MPI_Allreduce itself (docs/performance.md). So calls are remembered -- their arrays by weak
 # reference, with what was derived from them -- and a call with the very same
 # objects goes straight to the algorithm, after checking everything that could make
-# it differ: the arrays' shape, dtype and flags. Whatever else it was derived from
-# -- the settings, an open trace (which takes the full path, to be recorded), a
-# freed communicator -- empties these caches when it changes (_cache.changed). A
-# call is remembered only once the same objects come a second time, so that calls
-# on ever new arrays (allreduce(), buffer specs) pay almost nothing for it.
+# it differ: the arrays' shape, dtype and flags, the settings snapshot, an open
+# trace (which takes the full path, to be recorded). A freed or broken-off
+# communicator empties these caches (_cache.changed). A call is remembered only
+# once the same objects come a second time, so that calls on ever new arrays
+# (allreduce(), buffer specs) pay almost nothing for it.
 
 # Keyed by the ids of (recvbuf, sendbuf, op, comm) and the other arguments; an
 # entry (see _repeat) holds what confirms the objects (the arrays by weak
@@ -370,6 +376,7 @@ def _run(
 # (docs/performance.md has what too little room cost).
 _KEPT = 1024
 # What the hot path reads, as module globals (one lookup each).
+_NOW, _TRACES = _settings._now, _trace._active
 _IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
 _repeats: Bounded[tuple, Any] = derived(Bounded(_KEPT))
 _last: Bounded[int, Any] = derived(Bounded(_KEPT))
@@ -380,21 +387,21 @@ def _repeat(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: 
             timeout: float) -> tuple:  # fmt: skip
     """What Allreduce checks to repeat a call on the same arguments, and runs:
     (recvbuf and sendbuf by weak reference, None in place; (op, comm, algorithm,
-    validate, timeout, reproducible), equal ones naming the same; in_place(recvbuf,
-    cells); run(recvbuf, sendbuf, cells); cells). The two calls return 0, an MPI
-    error code, or STALE when the arrays' shape, dtype or flags are no longer
-    those of this call."""
+    validate, timeout, reproducible), equal ones naming the same; the settings
+    snapshot; in_place(recvbuf, cells); run(recvbuf, sendbuf, cells); cells). The
+    two calls return 0, an MPI error code, or STALE when the arrays' shape, dtype
+    or flags are no longer those of this call."""
     sendbuf, recvbuf, *rest = args
     made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
     if made is not None:
         in_place, run, cells = made
         if rest[2:] == ["auto", None, None, None]:  # a call with positional arguments only
-            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells)
+            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells, _settings.current())
     else:
         in_place, run, cells = _checked(algorithms.repeater(algo, red, ctx, count, timeout),
                                         recv, send)  # fmt: skip
     return (weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-            tuple(rest), in_place, run, cells)  # fmt: skip
+            tuple(rest), _settings.current(), in_place, run, cells)  # fmt: skip
 
 
 def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
@@ -453,6 +460,34 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
     args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
     hit = _repeat(args, send, recv, ctx, algo, red, count, timeout)
     _last.put(id(recvbuf), _repeats.put(key, hit))
+
+
+def repeat_seconds() -> float:
+    """What the API's Python repeat path itself adds to a call, in seconds: a
+    remembered call whose algorithm does nothing, timed (the fastest of five runs
+    of 200 calls; measured once; 0 inside a trace, which takes the full path).
+    Auto's tuner charges it to candidates that a repeat reaches through Python."""
+    if _trace._active:
+        return 0.0
+    if not _REPEAT_SECONDS:
+        a = np.zeros(1, np.float32)
+        in_place, run, cells = _checked(lambda work, source: None, a, None)
+        args = (MPI.SUM, None, "auto", None, None, None)
+        _last[id(a)] = (weakref.ref(a), None, args, _settings.current(), in_place, run, cells)
+        best = float("inf")
+        try:
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    Allreduce(MPI.IN_PLACE, a)
+                best = min(best, (time.perf_counter() - t0) / 200)
+        finally:
+            _last.pop(id(a), None)
+        _REPEAT_SECONDS.append(best)
+    return _REPEAT_SECONDS[0]
+
+
+_REPEAT_SECONDS: list[float] = []
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

@@ -1,5 +1,5 @@
 """Bounded caches (a dict that forgets its oldest half when it is full), and the
-caches derived from the settings and the open traces, emptied when those change."""
+caches derived from communicators, emptied when one is freed or broken off."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ class Bounded(dict[K, V]):
         return value
 
 
-# The caches of remembered calls (the API's repeat path): emptied whenever
-# something they were derived from changes, so that a repeat checks none of it.
+# The caches of remembered calls (the API's repeat path): emptied when a
+# communicator is freed or broken off, so that a repeat need not check it.
 _derived: list[dict] = []
 
 
@@ -40,7 +40,6 @@ def derived(cache: D) -> D:
 
 
 def changed() -> None:
-    """The settings changed, a trace opened or closed, or a communicator was freed
-    or broken: forget every remembered call."""
+    """A communicator was freed or broken off: forget every remembered call."""
     for cache in _derived:
         cache.clear()

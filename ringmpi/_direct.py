@@ -16,8 +16,10 @@ and strong references to its op and communicator, so no other object can take
 any of their addresses while the entry stands. An entry names the dtype, the
 number of dimensions and the element count, and the arrays' flags are read at
 each call (C-contiguous, aligned, and for ``recvbuf`` writeable), as the Python
-path checks them. Entries are forgotten with the API's remembered calls
-(``_cache.changed``: the settings, a trace, a freed communicator).
+path checks them. An entry also names the settings snapshot it was made under,
+and serves no call while another is in force or a trace is open. Entries are
+forgotten with the API's remembered calls when a communicator is freed or
+broken off (``_cache.changed``).
 
 This needs CPython with the GIL (the GIL guards the table; the field offsets
 below are checked on a real array first). Elsewhere ``ringmpi.Allreduce`` is
@@ -37,11 +39,12 @@ import numpy as np
 from mpi4py import MPI
 from numba import types
 
-from . import _cache
+from . import _cache, _settings, _trace
 from ._capi import (
     CELL_COMM,
     CELL_COUNT,
     CELL_DATATYPE,
+    CELL_IN_PLACE,
     CELL_OP,
     mpi_allreduce,
     peek,
@@ -51,7 +54,7 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["entry", "install", "warm"]
+__all__ = ["caller", "entry", "install", "warm"]
 
 # A PyObject's header (reference count, type), then NumPy's PyArrayObject fields.
 _DATA, _NDIM, _SHAPE, _DESCR, _FLAGS = 16, 24, 32, 56, 64
@@ -61,22 +64,65 @@ _METH_FASTCALL_KEYWORDS = 0x80 | 0x2
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
-(IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK) = range(7)
-_HEADER = 8
+(IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES,
+ PYTHON) = range(10)  # fmt: skip
+_HEADER = 10
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, COUNT, DATATYPE, OP,
- COMM) = range(12)  # fmt: skip
-_WIDTH = 12
+ COMM, SETTINGS) = range(13)  # fmt: skip
+_WIDTH = 13
+# A list's length and the address of its items (PyListObject).
+_LEN, _ITEMS = 16, 24
 _SLOTS = 256
+# A caller's cells (see caller): one prepared MPI_Allreduce.
+(C_IN_PLACE, C_DATATYPE, C_OP, C_COMM, C_COUNT, C_DESCR, C_NONE, C_RAISE, C_ERROR,
+ C_PYTHON) = range(10)  # fmt: skip
 
 
 class _Holder(np.ndarray):
-    """The builtin's ``self``: the table (its data), and, when called, the Python
-    function (how the C function's first version, PyObject_Vectorcall, reaches it)."""
+    """A builtin's ``self``: its cells (the array's data), among them the address
+    of the Python function that the C function hands every other call to; called,
+    that function (what the builtin runs before its C function is compiled: its
+    first C function is PyObject_Vectorcall, on ``self``)."""
 
-    python: Callable[..., Any]
+    failed: Callable[[], None]  # raises MPI.Exception for the error code in the cells
+    method: Any  # the builtin's PyMethodDef, kept as long as the builtin
+    _python: Callable[..., Any]
+    _cell: int
+
+    @property
+    def python(self) -> Callable[..., Any]:
+        return self._python
+
+    @python.setter
+    def python(self, fn: Callable[..., Any]) -> None:
+        self._python = fn  # kept: its address is in the cells
+        self[self._cell] = id(fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.python(*args, **kwargs)
+        return self._python(*args, **kwargs)
+
+
+def _holder(cells: int, python: Callable[..., Any], error: int, cell: int) -> _Holder:
+    holder = np.zeros(cells, np.int64).view(_Holder)
+    holder._cell = cell
+    holder.python = python
+
+    def failed() -> None:
+        raise MPI.Exception(int(holder[error]))
+
+    holder.failed = failed
+    return holder
+
+
+def _builtin(name: str, doc: str | None, module: str, holder: _Holder, meth: int) -> Any:
+    """A builtin function (METH_FASTCALL | METH_KEYWORDS) of C function ``meth``,
+    whose ``self`` is ``holder``."""
+    holder.method = _MethodDef(name.encode(), meth, _METH_FASTCALL_KEYWORDS,
+                               (doc or "").encode())  # fmt: skip
+    new = ctypes.pythonapi.PyCFunction_NewEx
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.py_object,
+                                                   ctypes.py_object]  # fmt: skip
+    return new(ctypes.addressof(holder.method), holder, module)
 
 
 class _MethodDef(ctypes.Structure):
@@ -97,8 +143,12 @@ def _layout_ok() -> bool:
     a = np.zeros((3, 5), np.float32)[::2]  # not contiguous: flags tell
     peek = lambda off, t=ctypes.c_int64: t.from_address(id(a) + off).value  # noqa: E731
     shape = ctypes.cast(peek(_SHAPE), ctypes.POINTER(ctypes.c_int64))
+    items = [a]
+    peek_list = lambda off: ctypes.c_int64.from_address(id(items) + off).value  # noqa: E731
     return (
-        peek(_DATA) == a.ctypes.data
+        peek_list(_LEN) == 1
+        and ctypes.c_int64.from_address(peek_list(_ITEMS)).value == id(a)
+        and peek(_DATA) == a.ctypes.data
         and peek(_NDIM, ctypes.c_int32) == 2
         and (shape[0], shape[1]) == a.shape
         and peek(_DESCR) == id(a.dtype)
@@ -112,35 +162,37 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     and every other call through ``python``; ``python`` itself where it cannot."""
     if not _layout_ok():
         return python
-    holder = np.zeros(_HEADER + _WIDTH * _SLOTS, np.int64).view(_Holder)
-    holder.python = python
-    holder[[IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, MASK]] = [
+    holder = _holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
+    holder[[IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES]] = [
         id(MPI.IN_PLACE),
         int(MPI.IN_PLACE),
         id(MPI.SUM),
         id(None),
-        id(_raise),
+        id(holder.failed),
         _SLOTS - 1,
+        id(_settings._now),
+        id(_trace._active),
     ]
-    doc = (python.__doc__ or "").encode()
-    method = _MethodDef(python.__name__.encode(), _address(ctypes.pythonapi.PyObject_Vectorcall),
-                        _METH_FASTCALL_KEYWORDS, doc)  # fmt: skip
-    new = ctypes.pythonapi.PyCFunction_NewEx
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.py_object,
-                                                   ctypes.py_object]  # fmt: skip
-    builtin = new(ctypes.addressof(method), holder, python.__module__)
-    _state.update(holder=holder, method=method, builtin=builtin)
+    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    builtin = _builtin(python.__name__, python.__doc__, python.__module__, holder, vectorcall)
+    _state.update(holder=holder, builtin=builtin)
     _cache.derived(_Entries())
     return builtin
 
 
-def _address(fn: Any) -> int:
-    return ctypes.cast(fn, ctypes.c_void_p).value
-
-
-def _raise() -> None:
-    """What the C function calls when MPI_Allreduce returned an error code."""
-    raise MPI.Exception(int(_state["holder"][ERROR]))
+def caller(cells: np.ndarray, dtype: np.dtype, python: Callable[..., Any]) -> Callable[..., Any]:
+    """``call(work, source)``: the MPI_Allreduce of ``cells`` (``_capi``'s CELL_*
+    layout) on 1-D arrays of ``dtype`` (``source is work``: in place), as a builtin
+    whose C function calls MPI, so that it costs what the C repeat path costs (auto's
+    tuner times it); other arrays go to ``python(work, source)``, which is all
+    there is where the builtin cannot be made."""
+    if not _layout_ok():
+        return python
+    holder = _holder(C_PYTHON + 1, python, C_ERROR, C_PYTHON)
+    holder[:C_ERROR] = [cells[CELL_IN_PLACE], cells[CELL_DATATYPE], cells[CELL_OP],
+                        cells[CELL_COMM], cells[CELL_COUNT], id(np.dtype(dtype)), id(None),
+                        id(holder.failed)]  # fmt: skip
+    return _builtin("again", caller.__doc__, __name__, holder, _compiled(_call_once))
 
 
 class _Entries:
@@ -152,19 +204,21 @@ class _Entries:
         _kept.clear()
 
 
-def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray) -> None:
+def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
+            settings: _settings.Settings) -> None:  # fmt: skip
     """Run later ``Allreduce(sendbuf, recvbuf, op, comm)`` calls with these very
-    objects as MPI_Allreduce with ``cells`` (MPI_IN_PLACE, datatype, op, comm
-    handles, count), from C. Only exact NumPy arrays; nothing where the builtin
-    is not in use."""
+    objects as MPI_Allreduce with ``cells`` (``_capi``'s CELL_* layout), from C,
+    while ``settings`` is the snapshot in force and no trace is open. Only exact
+    NumPy arrays; nothing where the builtin is not in use."""
     holder = _state.get("holder")
     if holder is None or type(recvbuf) is not np.ndarray:
         return
     in_place = sendbuf is MPI.IN_PLACE
     if not in_place and type(sendbuf) is not np.ndarray:
         return
-    if _state["method"].meth != _state.setdefault("compiled", _compiled()):
-        _state["method"].meth = _state["compiled"]
+    method = _state["holder"].method
+    if method.meth != _state.setdefault("compiled", _compiled(_call)):
+        method.meth = _state["compiled"]
     slot = (id(recvbuf) >> 4) & (_SLOTS - 1)
     base = _HEADER + _WIDTH * slot
 
@@ -175,25 +229,33 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
     refs = (weakref.ref(recvbuf, gone), None if in_place else weakref.ref(sendbuf, gone))
     holder[base : base + _WIDTH] = 0
-    _kept[slot] = (refs, op, comm)
+    _kept[slot] = (refs, op, comm, settings)
     send = recvbuf if in_place else sendbuf
     holder[base + SEND : base + _WIDTH] = [
         id(sendbuf), id(op), id(comm), id(recvbuf.dtype), id(send.dtype), recvbuf.ndim,
         send.ndim, int(cells[CELL_COUNT]), int(cells[CELL_DATATYPE]), int(cells[CELL_OP]),
-        int(cells[CELL_COMM])]  # fmt: skip
+        int(cells[CELL_COMM]), id(settings)]  # fmt: skip
     holder[base + RECV] = id(recvbuf)  # last: the entry is whole
 
 
 def warm() -> None:
     """Compile (or load from Numba's cache) the C function."""
     if "holder" in _state:
-        _state.setdefault("compiled", _compiled())
+        _state.setdefault("compiled", _compiled(_call))
+        _compiled(_call_once)
 
 
-def _compiled() -> int:
-    """The C function's address (the first use compiles it, or loads it from the cache)."""
-    return numba.cfunc(types.int64(types.int64, types.int64, types.int64, types.int64),
-                       cache=True)(_call).address  # fmt: skip
+_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
+_made: dict[Callable[..., Any], int] = {}
+
+
+def _compiled(fn: Callable[..., Any]) -> int:
+    """The address of C function ``fn`` (its first use compiles it, or loads it
+    from Numba's cache)."""
+    found = _made.get(fn)
+    if found is None:
+        found = _made[fn] = numba.cfunc(_SIGNATURE, cache=True)(fn).address
+    return found
 
 
 @numba.njit(cache=True)
@@ -223,7 +285,9 @@ def _call(holder, args, nargs, kwnames):
             comm = peek(args + 24) if nargs == 4 else peek(table + 8 * NONE_OBJ)
             count = peek(at + 8 * COUNT)
             if (
-                send == peek(at + 8 * SEND)
+                peek(peek(peek(table + 8 * SETTINGS_NOW) + _ITEMS)) == peek(at + 8 * SETTINGS)
+                and peek(peek(table + 8 * TRACES) + _LEN) == 0
+                and send == peek(at + 8 * SEND)
                 and op == peek(at + 8 * OP_OBJ)
                 and comm == peek(at + 8 * COMM_OBJ)
                 and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
@@ -232,7 +296,7 @@ def _call(holder, args, nargs, kwnames):
                 if send != peek(table + 8 * IN_PLACE_OBJ):
                     if not _fits(send, peek(at + 8 * SEND_DESCR), peek(at + 8 * SEND_NDIM),
                                  count, _READ):  # fmt: skip
-                        return py_vectorcall(holder, args, nargs, kwnames)
+                        return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
                     source = peek(send + _DATA)
                 err = mpi_allreduce(source, peek(recv + _DATA), count, peek(at + 8 * DATATYPE),
                                     peek(at + 8 * OP), peek(at + 8 * COMM))  # fmt: skip
@@ -242,4 +306,27 @@ def _call(holder, args, nargs, kwnames):
                     return none
                 poke(table + 8 * ERROR, err)
                 return py_vectorcall(peek(table + 8 * RAISE), 0, 0, 0)
-    return py_vectorcall(holder, args, nargs, kwnames)
+    return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
+
+
+def _call_once(holder, args, nargs, kwnames):
+    """A caller's C function: ``args`` are (work, source)."""
+    cells = peek(holder + _DATA)
+    if kwnames == 0 and nargs == 2:
+        work, source = peek(args), peek(args + 8)
+        count, descr = peek(cells + 8 * C_COUNT), peek(cells + 8 * C_DESCR)
+        if _fits(work, descr, 1, count, _WRITE):
+            sbuf = peek(cells + 8 * C_IN_PLACE)
+            if source != work:
+                if not _fits(source, descr, 1, count, _READ):
+                    return py_vectorcall(peek(cells + 8 * C_PYTHON), args, nargs, kwnames)
+                sbuf = peek(source + _DATA)
+            err = mpi_allreduce(sbuf, peek(work + _DATA), count, peek(cells + 8 * C_DATATYPE),
+                                peek(cells + 8 * C_OP), peek(cells + 8 * C_COMM))  # fmt: skip
+            if err == 0:
+                none = peek(cells + 8 * C_NONE)
+                py_incref(none)
+                return none
+            poke(cells + 8 * C_ERROR, err)
+            return py_vectorcall(peek(cells + 8 * C_RAISE), 0, 0, 0)
+    return py_vectorcall(peek(cells + 8 * C_PYTHON), args, nargs, kwnames)

@@ -5,8 +5,8 @@ Each field of :class:`Settings` is one setting; its environment variable is
 first call that needs a setting, never again; a program changes settings
 from code with :func:`ringmpi.configure` (for the rest of the run) or
 :func:`ringmpi.configured` (inside a ``with`` block). Every change makes a new
-snapshot, so a cache keyed by the snapshot object (auto's choice) is current
-by an identity test; the API's remembered calls are forgotten at each change.
+snapshot, so a cache keyed by the snapshot object (the repeat path, auto's
+choice) is current by an identity test.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-
-from . import _cache
 
 __all__ = ["Settings", "configure", "configured", "current", "parse_seconds", "using"]
 
@@ -153,12 +151,6 @@ class Settings:
 _now: list[Settings | None] = [None]
 
 
-def _put(snapshot: Settings | None) -> None:
-    """Make ``snapshot`` the settings in force (None: read the environment again)."""
-    _now[0] = snapshot
-    _cache.changed()
-
-
 def current() -> Settings:
     """The settings in force: read from the environment at the first use."""
     now = _now[0]
@@ -172,9 +164,8 @@ def configure(**changes: object) -> Settings:
     segment_bytes=1 << 20)``; a value of None restores the default. Values are
     checked as the environment's are (strings are parsed); returns the new
     settings. Every rank should make the same changes."""
-    now = current().changed(**_defaulted(changes))
-    _put(now)
-    return now
+    _now[0] = current().changed(**_defaulted(changes))
+    return _now[0]
 
 
 def _defaulted(changes: Mapping[str, object]) -> dict[str, object]:
@@ -195,17 +186,17 @@ def configured(**changes: object) -> Iterator[Settings]:
 def using(snapshot: Settings) -> Iterator[Settings]:
     """The settings ``snapshot`` inside a ``with`` block (a tool's prepared variant)."""
     before = current()
-    _put(snapshot)
+    _now[0] = snapshot
     try:
         yield snapshot
     finally:
-        _put(before)
+        _now[0] = before
 
 
 def reset() -> None:
     """Read the environment again at the next use (its ``RINGMPI_*`` variables then
     replace every setting, those made by :func:`configure` too)."""
-    _put(None)
+    _now[0] = None
 
 
 def _names() -> set[str]:

@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from . import _cache
-
 __all__ = ["Event", "Trace", "TrialCall", "Tuned", "trace"]
 
 
@@ -124,7 +122,6 @@ def trace() -> Iterator[Trace]:
     """
     t = Trace()
     _active.append(t)
-    _cache.changed()  # remembered calls would skip the recording
     try:
         yield t
     finally:

@@ -8,13 +8,15 @@ unchanged must (and then gives the exact answer the Python path gives).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
-from conftest import agree
+from conftest import agree, mpi_family
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _api, _direct, verify
+from ringmpi import _api, _capi, _direct, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -168,7 +170,7 @@ def test_a_read_only_sendbuf_is_read_in_c(through_python):
     agree(WORLD, problems)
 
 
-def test_entries_go_with_their_arrays_and_settings(through_python, settings):
+def test_entries_go_with_their_arrays_settings_and_traces(through_python, settings):
     problems = []
     a = np.empty(16)
     for _ in range(3):
@@ -182,15 +184,45 @@ def test_entries_go_with_their_arrays_and_settings(through_python, settings):
     b = np.empty(16)
     for _ in range(3):
         ringmpi.Allreduce(MPI.IN_PLACE, b)
-    settings(algorithm="mpi")  # a new settings snapshot, the same choice
-    if _direct._kept:
-        problems.append("entries stayed across a change of settings")
+    went = []
+    for what in ("new settings", "again", "traced", "after the trace"):
+        if what == "new settings":
+            settings(algorithm="mpi")  # a new snapshot (the same choice)
+        start = len(through_python)
+        b[...] = inputs(16, "float64", k=len(went))
+        with ringmpi.trace() if what == "traced" else contextlib.nullcontext() as t:
+            ringmpi.Allreduce(MPI.IN_PLACE, b)
+        problems += mismatch(what, b, expected(16, "float64", k=len(went)))
+        went.append(len(through_python) - start)
+        if what == "traced" and t.calls != 1:
+            problems.append(f"the traced repeat counted {t.calls} calls, not 1")
+    if went != [1, 0, 1, 0]:
+        problems.append(f"through Python (new settings, again, traced, after): {went}, "
+                        "not [1, 0, 1, 0]")  # fmt: skip
+    agree(WORLD, problems)
+
+
+@pytest.mark.skipif(mpi_family() == "MPICH", reason="MPICH's wheel is built without argument "
+                    "checks: MPI_DATATYPE_NULL fails an assertion and aborts the job")  # fmt: skip
+def test_an_mpi_error_raises_on_every_rank(through_python):
+    """An entry whose datatype is MPI_DATATYPE_NULL (made by hand): MPI_Allreduce
+    returns an error code, which the C function raises as MPI.Exception."""
+    a = np.ones(4)
+    for _ in range(3):
+        ringmpi.Allreduce(MPI.IN_PLACE, a)
+    ctx = ringmpi._comm.context(WORLD)
+    cells = np.array([int(MPI.IN_PLACE), _capi.handle(MPI.DATATYPE_NULL), _capi.handle(MPI.SUM),
+                      _capi.handle(ctx.comm), 4, 0], np.int64)  # fmt: skip
+    _direct.install(MPI.IN_PLACE, a, MPI.SUM, None, cells, ringmpi._settings.current())
     start = len(through_python)
-    b[...] = inputs(16, "float64")
-    with ringmpi.trace() as t:
-        ringmpi.Allreduce(MPI.IN_PLACE, b)
-    problems += mismatch("traced", b, expected(16, "float64"))
-    if (t.calls, len(through_python) - start) != (1, 1):
-        problems.append(f"a traced repeat: {t.calls} calls traced, "
-                        f"{len(through_python) - start} through Python")  # fmt: skip
+    problems = []
+    try:
+        ringmpi.Allreduce(MPI.IN_PLACE, a)
+        problems.append("no error")
+    except MPI.Exception as e:
+        if e.Get_error_class() != MPI.ERR_TYPE:
+            problems.append(f"error class {e.Get_error_class()}, not MPI_ERR_TYPE")
+    if len(through_python) != start:
+        problems.append("the failed call went through Python")
+    _direct._Entries().clear()
     agree(WORLD, problems)

@@ -1,9 +1,10 @@
 """The baseline: the MPI library's own MPI_Allreduce, on the same private communicator.
 
-A first call goes through mpi4py. A call that repeats (the API's repeat path)
-reaches MPI_Allreduce from compiled code instead: no buffer parsing, no
-datatype lookup, one C call, so that it costs what mpi4py's own call costs
-less mpi4py's argument handling.
+A first call goes through mpi4py. A call that repeats reaches MPI_Allreduce
+from compiled code instead: no buffer parsing, no datatype lookup, one C call.
+:func:`direct` prepares it (its handles in an int64 array): the API's C repeat
+path (ringmpi._direct) makes that call itself, and the compiled calls below,
+which check the arrays first, make it from the API's Python repeat path.
 """
 
 from __future__ import annotations
@@ -122,28 +123,6 @@ def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     return _in_place, _from, _cells(red, ctx, count)
 
 
-def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
-    """``again(work, source)`` (the tuner's trials): MPI_Allreduce once more, from
-    compiled code (through mpi4py for a count above a C int); None where it needs
-    Python after (AVG divides) or a timeout (the plain call polls)."""
-    if timeout or red.partials() is not red:
-        return None
-    comm, op, made = ctx.comm, red.mpi_op, {}
-
-    def again(work: np.ndarray, source: np.ndarray) -> None:
-        if work.size > _INT_MAX:
-            comm.Allreduce(MPI.IN_PLACE if source is work else source, work, op)
-            return
-        cells = made.get(work.size)
-        if cells is None:
-            cells = made[work.size] = _cells(red, ctx, work.size)
-        err = _in_place(work, cells) if source is work else _from(work, source, cells)
-        if err:
-            raise MPI.Exception(err)
-
-    return again
-
-
 def warm(kinds) -> None:
     """Compile (or load from Numba's cache) the repeat's calls for 1-D arrays of the
     dtypes whose lanes are ``kinds`` (the baseline reduces the user's dtype itself:
@@ -157,6 +136,6 @@ def warm(kinds) -> None:
     _direct.warm()
 
 
-register("mpi", mpi_allreduce_run, own=False, prepare=prepare, direct=direct, warm=warm,
+register("mpi", mpi_allreduce_run, own=False, direct=direct, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
-from .. import _engine
+from .. import _direct, _engine
 from .._comm import Context
 from ..kernels import Reduction
 from ..plans import Plan
@@ -185,9 +186,12 @@ def repeater(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout:
     ``red``'s dtype, with the least Python (``source is work``: in place). The API's
     repeat path and the tuner's trials run this."""
     run = None
+    made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
     if algo.plan is not None:
         plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
         run = _engine.prepare(plan, red, ctx, algo.name, timeout)
+    elif made is not None:
+        run = _direct_again(algo, red, ctx, timeout, made)
     elif algo.prepare is not None:
         run = algo.prepare(red, ctx, timeout)
     if run is None:
@@ -197,3 +201,19 @@ def repeater(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout:
             fn(work, red, ctx, None if source is work else source, timeout)
 
     return run
+
+
+def _direct_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):
+    """``again`` from a record's direct calls: a builtin whose C function makes the
+    prepared call (as the API's C repeat path does), over the compiled calls."""
+    in_place, from_, cells = made
+    fn = algo.run
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        err = in_place(work, cells) if source is work else from_(work, source, cells)
+        if err == STALE:  # not the arrays it was made for: the plain call
+            fn(work, red, ctx, None if source is work else source, timeout)
+        elif err:
+            raise MPI.Exception(err)
+
+    return _direct.caller(cells, red.dtype, again)

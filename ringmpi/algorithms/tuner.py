@@ -70,9 +70,13 @@ class _Trials:
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
     repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
+    # seconds added to each candidate's median: what a repeat of it pays in Python
+    # (the API's Python repeat path) that its trials, which time `again`, do not
+    charged: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.times = [[] for _ in self.names]
+        self.charged = [0.0 for _ in self.names]
 
     @property
     def total(self) -> int:
@@ -91,6 +95,8 @@ class Trial:
         trials, i = self.trials, self.trials.calls % len(self.trials.names)
         timed = trials.calls >= len(trials.names)  # the first round is untimed
         if _trace._active:  # the traced path, so that the trace counts its sends
+            if timed:
+                _together(ctx, timeout)
             t0 = time.perf_counter_ns()
             self.candidate.run(work, red, ctx, source, timeout)
         else:
@@ -98,6 +104,16 @@ class Trial:
             again = trials.repeats.get(key)
             if again is None:
                 again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)
+                direct = self.candidate.direct
+                if direct is None or direct(red, ctx, work.size, timeout) is None:
+                    from .. import _api  # noqa: PLC0415 (_api imports this package)
+
+                    trials.charged[i] = _api.repeat_seconds()
+            if timed and work.nbytes <= _LEAD_BYTES:
+                lead = np.array(work if source is None else source)  # this rank's data, a copy
+                again(lead, lead)  # the ranks come out of it as out of the call before
+            elif timed:
+                _together(ctx, timeout)
             t0 = time.perf_counter_ns()
             again(work, work if source is None else source)
         took = (time.perf_counter_ns() - t0) * 1e-9
@@ -107,6 +123,25 @@ class Trial:
         trials.calls += 1
         if trials.calls == trials.total:
             self.tuner.settle(self.klass, trials, ctx, timeout)
+
+
+# Up to this size a timed trial follows a call of the same candidate on a copy of
+# the data, untimed, as a call in a loop follows the one before; above, a barrier.
+# Between the tuner's calls the ranks drift apart by more than a small call takes
+# (the Python of a call that is not yet a repeat), and a trial alone would time
+# the drift; a barrier lets each rank out at its own time, which a small call's
+# time would show too (the library's call under MPICH, 4.5-5.1 us at 8 B after a
+# barrier, 2.3 in a loop).
+_LEAD_BYTES = 1 << 20
+
+
+def _together(ctx: Context, timeout: float) -> None:
+    """Start a timed trial on every rank at once (a barrier): the time is then the
+    call's own, not how much later than this rank another came."""
+    if timeout:
+        ctx.arrive(ctx.comm, "a barrier before a timed trial of auto's tuner", timeout)
+    else:
+        ctx.comm.Barrier()
 
 
 class Tuner:
@@ -137,7 +172,8 @@ class Tuner:
 
     def settle(self, klass: int, trials: _Trials, ctx: Context, timeout: float) -> None:
         """Agree on the trials' timings (one collective) and keep the winner."""
-        mine = np.array([float(np.median(t)) for t in trials.times])
+        mine = np.array([float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
+                                                                  strict=True)])  # fmt: skip
         slowest = np.empty_like(mine)
         library_allreduce(ctx, mine, slowest, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on its trials")  # fmt: skip

@@ -128,7 +128,10 @@ def _allreduce(send, recv, op, comm, variant: tuple[str, _settings.Settings | No
         comm.Allreduce(send, recv, op)
         return
     if settings is None:  # as a program would call it
-        ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+        if name == "auto":  # the default: no keyword, which the C repeat path takes
+            ringmpi.Allreduce(send, recv, op, comm)
+        else:
+            ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
         return
     with _settings.using(settings):
         ringmpi.Allreduce(send, recv, op, comm, algorithm=name)

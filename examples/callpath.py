@@ -1,13 +1,14 @@
 """N repeats of one in-place 8-byte float32 SUM on one path, for counting instructions.
 
-    valgrind --tool=callgrind python examples/callpath.py api 1000
-    valgrind --tool=callgrind python examples/callpath.py api 61000
+    valgrind --tool=callgrind python examples/callpath.py api 20000
+    valgrind --tool=callgrind python examples/callpath.py api 220000
 
-The difference of the two totals over 60,000 is one call's instructions
+The difference of the two totals over 200,000 is one call's instructions
 (docs/performance.md). Paths: ``raw`` (comm.Allreduce through mpi4py), ``api``
-(ringmpi.Allreduce, auto set to the ``mpi`` algorithm, its repeat path) and ``run`` (that
-repeat's compiled call, without the API's lookup). ``time N`` times the three
-instead, under mpirun, interleaved in 7 rounds of N calls: the median µs a call.
+(ringmpi.Allreduce, auto set to the ``mpi`` algorithm: its C repeat) and ``run``
+(the compiled call the API's Python repeat path makes, through Numba's
+dispatcher). ``time N`` times the three instead, under mpirun, interleaved in 7
+rounds of N calls: the median µs a call.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from . import _direct, _settings, _trace, algorithms
 from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError
+from .algorithms import tuner
 from .kernels import Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "allreduce", "warm"]
@@ -488,6 +489,7 @@ def repeat_seconds() -> float:
 
 
 _REPEAT_SECONDS: list[float] = []
+tuner.python_repeat_seconds = repeat_seconds
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

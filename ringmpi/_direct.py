@@ -272,6 +272,18 @@ def _fits(array, descr, ndim, count, flags):
     return n == count
 
 
+@numba.njit(cache=True)
+def _answer(err, none, failed, error_cell):
+    """What a builtin returns once MPI_Allreduce returned ``err``: None (a new
+    reference), or, with ``err`` written at ``error_cell``, what ``failed()``
+    returns (NULL: it raises MPI.Exception)."""
+    if err == 0:
+        py_incref(none)
+        return none
+    poke(error_cell, err)
+    return py_vectorcall(failed, 0, 0, 0)
+
+
 def _call(holder, args, nargs, kwnames):
     """The builtin's C function: ``holder`` is its table, ``args[:nargs]`` the
     positional arguments, ``kwnames`` the keywords' names (0: none)."""
@@ -300,12 +312,8 @@ def _call(holder, args, nargs, kwnames):
                     source = peek(send + _DATA)
                 err = mpi_allreduce(source, peek(recv + _DATA), count, peek(at + 8 * DATATYPE),
                                     peek(at + 8 * OP), peek(at + 8 * COMM))  # fmt: skip
-                if err == 0:
-                    none = peek(table + 8 * NONE_OBJ)
-                    py_incref(none)
-                    return none
-                poke(table + 8 * ERROR, err)
-                return py_vectorcall(peek(table + 8 * RAISE), 0, 0, 0)
+                return _answer(err, peek(table + 8 * NONE_OBJ), peek(table + 8 * RAISE),
+                               table + 8 * ERROR)  # fmt: skip
     return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
 
 
@@ -323,10 +331,6 @@ def _call_once(holder, args, nargs, kwnames):
                 sbuf = peek(source + _DATA)
             err = mpi_allreduce(sbuf, peek(work + _DATA), count, peek(cells + 8 * C_DATATYPE),
                                 peek(cells + 8 * C_OP), peek(cells + 8 * C_COMM))  # fmt: skip
-            if err == 0:
-                none = peek(cells + 8 * C_NONE)
-                py_incref(none)
-                return none
-            poke(cells + 8 * C_ERROR, err)
-            return py_vectorcall(peek(cells + 8 * C_RAISE), 0, 0, 0)
+            return _answer(err, peek(cells + 8 * C_NONE), peek(cells + 8 * C_RAISE),
+                           cells + 8 * C_ERROR)  # fmt: skip
     return py_vectorcall(peek(cells + 8 * C_PYTHON), args, nargs, kwnames)

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,9 +107,7 @@ class Trial:
                 again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)
                 direct = self.candidate.direct
                 if direct is None or direct(red, ctx, work.size, timeout) is None:
-                    from .. import _api  # noqa: PLC0415 (_api imports this package)
-
-                    trials.charged[i] = _api.repeat_seconds()
+                    trials.charged[i] = python_repeat_seconds()
             if timed and work.nbytes <= _LEAD_BYTES:
                 lead = np.array(work if source is None else source)  # this rank's data, a copy
                 again(lead, lead)  # the ranks come out of it as out of the call before
@@ -133,6 +132,15 @@ class Trial:
 # time would show too (the library's call under MPICH, 4.5-5.1 us at 8 B after a
 # barrier, 2.3 in a loop).
 _LEAD_BYTES = 1 << 20
+
+
+def _no_python_repeat() -> float:
+    return 0.0
+
+
+# What the API's Python repeat path adds to a call, in seconds: set by ringmpi._api
+# (its repeat_seconds), which imports this package, so this module cannot import it.
+python_repeat_seconds: Callable[[], float] = _no_python_repeat
 
 
 def _together(ctx: Context, timeout: float) -> None:

@@ -1,5 +1,8 @@
 """MPI's C functions, called from Numba-compiled code: a step costs what it costs in C.
 
+(Also the few CPython calls and memory reads of the API's C repeat path,
+ringmpi._direct, at the end.)
+
 The MPI library is the one mpi4py loaded (MPICH's ABI or Open MPI's). Its
 symbols are made visible to Numba's JIT linker once, at import
 (``load_library_permanently``), and each binding below is an intrinsic that

@@ -216,9 +216,9 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
     in_place = sendbuf is MPI.IN_PLACE
     if not in_place and type(sendbuf) is not np.ndarray:
         return
-    method = _state["holder"].method
-    if method.meth != _state.setdefault("compiled", _compiled(_call)):
-        method.meth = _state["compiled"]
+    method = holder.method
+    if method.meth != _compiled(_call):
+        method.meth = _compiled(_call)
     slot = (id(recvbuf) >> 4) & (_SLOTS - 1)
     base = _HEADER + _WIDTH * slot
 
@@ -239,10 +239,9 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
 
 def warm() -> None:
-    """Compile (or load from Numba's cache) the C function."""
-    if "holder" in _state:
-        _state.setdefault("compiled", _compiled(_call))
-        _compiled(_call_once)
+    """Compile (or load from Numba's cache) the two C functions."""
+    _compiled(_call)
+    _compiled(_call_once)
 
 
 _SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)

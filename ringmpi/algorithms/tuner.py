@@ -129,8 +129,7 @@ class Trial:
 # Between the tuner's calls the ranks drift apart by more than a small call takes
 # (the Python of a call that is not yet a repeat), and a trial alone would time
 # the drift; a barrier lets each rank out at its own time, which a small call's
-# time would show too (the library's call under MPICH, 4.5-5.1 us at 8 B after a
-# barrier, 2.3 in a loop).
+# time would show too (more for some libraries' calls than for others').
 _LEAD_BYTES = 1 << 20
 
 

@@ -393,16 +393,17 @@ def _repeat(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: 
     two calls return 0, an MPI error code, or STALE when the arrays' shape, dtype
     or flags are no longer those of this call."""
     sendbuf, recvbuf, *rest = args
+    settings = _settings.current()
     made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
     if made is not None:
         in_place, run, cells = made
         if rest[2:] == ["auto", None, None, None]:  # a call with positional arguments only
-            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells, _settings.current())
+            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells, settings)
     else:
         in_place, run, cells = _checked(algorithms.repeater(algo, red, ctx, count, timeout),
                                         recv, send)  # fmt: skip
     return (weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-            tuple(rest), _settings.current(), in_place, run, cells)  # fmt: skip
+            tuple(rest), settings, in_place, run, cells)  # fmt: skip
 
 
 def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:

@@ -272,6 +272,19 @@ def _fits(array, descr, ndim, count, flags):
 
 
 @numba.njit(cache=True)
+def _source(send, in_place, in_place_c, descr, ndim, count):
+    """What MPI_Allreduce reads: MPI_IN_PLACE (``in_place_c``) where ``send`` is
+    ``in_place``, else the data of the array at ``send`` if it has dtype ``descr``,
+    ``ndim`` dimensions and ``count`` elements, C-contiguous and aligned; 0 if not
+    (neither MPI_IN_PLACE nor an array's data is 0)."""
+    if send == in_place:
+        return in_place_c
+    if not _fits(send, descr, ndim, count, _READ):
+        return 0
+    return peek(send + _DATA)
+
+
+@numba.njit(cache=True)
 def _answer(err, none, failed, error_cell):
     """What a builtin returns once MPI_Allreduce returned ``err``: None (a new
     reference), or, with ``err`` written at ``error_cell``, what ``failed()``
@@ -303,16 +316,15 @@ def _call(holder, args, nargs, kwnames):
                 and comm == peek(at + 8 * COMM_OBJ)
                 and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
             ):
-                source = peek(table + 8 * IN_PLACE_C)
-                if send != peek(table + 8 * IN_PLACE_OBJ):
-                    if not _fits(send, peek(at + 8 * SEND_DESCR), peek(at + 8 * SEND_NDIM),
-                                 count, _READ):  # fmt: skip
-                        return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
-                    source = peek(send + _DATA)
-                err = mpi_allreduce(source, peek(recv + _DATA), count, peek(at + 8 * DATATYPE),
-                                    peek(at + 8 * OP), peek(at + 8 * COMM))  # fmt: skip
-                return _answer(err, peek(table + 8 * NONE_OBJ), peek(table + 8 * RAISE),
-                               table + 8 * ERROR)  # fmt: skip
+                source = _source(send, peek(table + 8 * IN_PLACE_OBJ),
+                                 peek(table + 8 * IN_PLACE_C), peek(at + 8 * SEND_DESCR),
+                                 peek(at + 8 * SEND_NDIM), count)  # fmt: skip
+                if source != 0:
+                    err = mpi_allreduce(source, peek(recv + _DATA), count,
+                                        peek(at + 8 * DATATYPE), peek(at + 8 * OP),
+                                        peek(at + 8 * COMM))  # fmt: skip
+                    return _answer(err, peek(table + 8 * NONE_OBJ), peek(table + 8 * RAISE),
+                                   table + 8 * ERROR)  # fmt: skip
     return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
 
 
@@ -322,12 +334,8 @@ def _call_once(holder, args, nargs, kwnames):
     if kwnames == 0 and nargs == 2:
         work, source = peek(args), peek(args + 8)
         count, descr = peek(cells + 8 * C_COUNT), peek(cells + 8 * C_DESCR)
-        if _fits(work, descr, 1, count, _WRITE):
-            sbuf = peek(cells + 8 * C_IN_PLACE)
-            if source != work:
-                if not _fits(source, descr, 1, count, _READ):
-                    return py_vectorcall(peek(cells + 8 * C_PYTHON), args, nargs, kwnames)
-                sbuf = peek(source + _DATA)
+        sbuf = _source(source, work, peek(cells + 8 * C_IN_PLACE), descr, 1, count)
+        if _fits(work, descr, 1, count, _WRITE) and sbuf != 0:
             err = mpi_allreduce(sbuf, peek(work + _DATA), count, peek(cells + 8 * C_DATATYPE),
                                 peek(cells + 8 * C_OP), peek(cells + 8 * C_COMM))  # fmt: skip
             return _answer(err, peek(cells + 8 * C_NONE), peek(cells + 8 * C_RAISE),

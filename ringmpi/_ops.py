@@ -2,9 +2,9 @@
 
 Compiled step loops (:mod:`ringmpi._engine`, the shared-memory and hierarchical
 loops) are compiled once per dtype and take the op as a number: they call
-:func:`combine_by_code`, :func:`fold_by_code` and :func:`divide_by`, which
-inline the op's loop. Which (op, dtype) pairs are allowed, and their numbers'
-names, are :mod:`ringmpi.kernels`' table.
+:func:`combine_by_code`, :func:`fold_by_code`, :func:`fold_in_order_by_code` and
+:func:`divide_by`, which inline the op's loop. Which (op, dtype) pairs are
+allowed, and their numbers' names, are :mod:`ringmpi.kernels`' table.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ __all__ = [
     "divide_by",
     "fold",
     "fold_by_code",
+    "fold_in_order",
+    "fold_in_order_by_code",
     "greater",
     "lesser",
 ]
@@ -169,6 +171,37 @@ def _fold(out, copy, src, window, stride, offset, skip, ranks, op):
         first = False
 
 
+@_element
+def _fold_in_order(out, copy, src, window, stride, offset, skip, ranks, op):
+    """``out = copy = x_0 (op) x_1 (op) ... (op) x_{ranks-1}``, left to right in rank
+    order: x_k is slot k (as for :func:`_fold`), x_skip is ``src`` (``skip`` < 0:
+    every x_k is a slot).
+
+    The partial results build up in ``copy``, then one more pass copies them to
+    ``out``; with no ``copy`` they build up in ``out``, which must then be none of
+    the inputs. So ``src`` may be ``out`` itself (in place) only with a ``copy``.
+    No loop reads an array under another name than it writes it, so LLVM's
+    overlap checks pass and every loop is vectorized.
+    """
+    n = out.size
+    acc = copy if copy.size > 0 else out
+    first = src if skip == 0 else window[offset : offset + n]
+    if ranks == 1:
+        for i in range(n):
+            acc[i] = first[i]
+    for k in range(1, ranks):
+        inp = src if k == skip else window[k * stride + offset : k * stride + offset + n]
+        if k == 1:
+            for i in range(n):
+                acc[i] = op(first[i], inp[i])
+        else:
+            for i in range(n):
+                acc[i] = op(acc[i], inp[i])
+    if copy.size > 0:
+        for i in range(n):
+            out[i] = copy[i]
+
+
 # --- the ops by number, for compiled code -------------------------------------
 # One branch per call, nothing against a loop over the elements. Each dtype's
 # loop holds only the ops MPI defines for it: the others are pruned before
@@ -230,46 +263,63 @@ def fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
     raise NotImplementedError("fold_by_code runs in Numba-compiled code only")
 
 
-@overload(fold_by_code, jit_options={"error_model": "numpy"})
-def _fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
-    dt = out.dtype
-    boolean = isinstance(dt, types.Boolean)
-    integer = isinstance(dt, types.Integer)
-    ordered = integer or isinstance(dt, types.Float)
+def fold_in_order_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
+    """The left fold in rank order of :func:`_fold_in_order` (``src`` in place of slot
+    ``skip``) for op number ``code``; only in compiled code."""
+    raise NotImplementedError("fold_in_order_by_code runs in Numba-compiled code only")
 
-    def impl(out, copy, src, window, stride, offset, skip, ranks, code):
-        if code == OP_SUM:
-            if not boolean:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, add)
-        elif code == OP_PROD:
-            if not boolean:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _mul)
-        elif code == OP_MAX:
-            if ordered:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, greater)
-        elif code == OP_MIN:
-            if ordered:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, lesser)
-        elif code == OP_LAND:
-            if integer or boolean:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _and)
-        elif code == OP_LOR:
-            if integer or boolean:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _or)
-        elif code == OP_LXOR:
-            if integer or boolean:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _xor)
-        elif code == OP_BAND:
-            if integer:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitand)
-        elif code == OP_BOR:
-            if integer:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitor)
-        elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
-            if integer:
-                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
 
-    return impl
+def _fold_overload(loop):
+    """The overload of a fold over the window that runs ``loop`` with op number
+    ``code``'s op, pruned to the ops MPI defines for the dtype."""
+
+    def typer(out, copy, src, window, stride, offset, skip, ranks, code):
+        dt = out.dtype
+        boolean = isinstance(dt, types.Boolean)
+        integer = isinstance(dt, types.Integer)
+        ordered = integer or isinstance(dt, types.Float)
+
+        def impl(out, copy, src, window, stride, offset, skip, ranks, code):
+            if code == OP_SUM:
+                if not boolean:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, add)
+            elif code == OP_PROD:
+                if not boolean:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _mul)
+            elif code == OP_MAX:
+                if ordered:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, greater)
+            elif code == OP_MIN:
+                if ordered:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, lesser)
+            elif code == OP_LAND:
+                if integer or boolean:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _and)
+            elif code == OP_LOR:
+                if integer or boolean:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _or)
+            elif code == OP_LXOR:
+                if integer or boolean:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _xor)
+            elif code == OP_BAND:
+                if integer:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitand)
+            elif code == OP_BOR:
+                if integer:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitor)
+            elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
+                if integer:
+                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
+
+        return impl
+
+    return typer
+
+
+overload(fold_by_code, jit_options={"error_model": "numpy"})(_fold_overload(_fold))
+overload(fold_in_order_by_code, jit_options={"error_model": "numpy"})(
+    _fold_overload(_fold_in_order)
+)
 
 
 def divide_by(acc, divisor):
@@ -300,6 +350,12 @@ def _divide_by(acc, divisor):
 def fold(out, copy, src, window, stride, offset, skip, ranks, code):
     """:func:`fold_by_code`, compiled once per dtype."""
     fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code)
+
+
+@_jit
+def fold_in_order(out, copy, src, window, stride, offset, skip, ranks, code):
+    """:func:`fold_in_order_by_code`, compiled once per dtype."""
+    fold_in_order_by_code(out, copy, src, window, stride, offset, skip, ranks, code)
 
 
 @_jit

@@ -176,7 +176,7 @@ class Reduction:
 
     def fold(
         self, out: np.ndarray, copy: np.ndarray, src: np.ndarray, window: np.ndarray,
-        stride: int, offset: int, skip: int, ranks: int,
+        stride: int, offset: int, skip: int, ranks: int, in_order: bool = False,
     ) -> None:  # fmt: skip
         """``out = copy = src (op) window[k * stride + offset :][: out.size]`` for every
         rank k < ranks but ``skip``, in rank order.
@@ -184,12 +184,16 @@ class Reduction:
         ``window`` is a node's shared window as one flat array (rank k's segment
         at ``k * stride``), ``src`` this rank's own contribution (it may be ``out``:
         in place); ``copy`` may be empty. Memory traffic: one read of each input
-        and one write of each output.
+        and one write of each output. ``in_order``: the left fold in rank order
+        instead, ``src`` standing for slot ``skip`` (``skip`` < 0: none); ``src``
+        may then be ``out`` only with a ``copy``, which the partial results pass
+        through.
         """
         self._partials()
         lanes, w = self._lanes, 2 if self._split else 1
-        _ops.fold(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w, offset * w,
-                  skip, ranks, self.code)  # fmt: skip
+        loop = _ops.fold_in_order if in_order else _ops.fold
+        loop(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w, offset * w, skip,
+             ranks, self.code)  # fmt: skip
 
     def finish(self, acc: np.ndarray, nranks: int) -> None:
         """Finish a complete sum made elsewhere (the MPI baseline): AVG divides."""

@@ -45,8 +45,8 @@ class Costs:
     node_call: float  # per hierarchical call (its Python and its first synchronisation)
     node_step: float  # per hierarchical pipeline step (a node synchronisation)
     node_byte: float  # per byte of the buffer in the hierarchical node phase
-    shm_wait: float  # shared_memory: per flag a rank waits on (a rank, twice a piece)
-    shm_byte: float  # shared_memory: per byte of one rank's contribution folded
+    shm_wait: float  # shared_memory: per flag a rank waits on (p flags a wait)
+    shm_byte: float  # shared_memory: per byte a rank stores to the window or loads from it
     # Constants an algorithm declares itself (Algorithm.constants), as a tuning file sets them.
     extra: tuple[tuple[str, float], ...] = ()
 
@@ -63,7 +63,7 @@ DEFAULTS = Costs(
     node_step=8e-6,
     node_byte=1.6e-10,
     shm_wait=0.1e-6,
-    shm_byte=0.3e-9,
+    shm_byte=0.8e-10,
 )
 
 # Untuned, for nodes of 16 ranks: rounded from the fit to 16-rank sweeps on a 16-core
@@ -77,7 +77,7 @@ CROWDED = Costs(
     node_call=10e-6,
     node_step=48e-6,
     node_byte=7.0e-10,
-    shm_wait=6.4e-9,
+    shm_wait=12.8e-9,
     shm_byte=1.3e-10,
 )
 _SMALL, _CROWDED = 2, 16  # the ranks per node of DEFAULTS and CROWDED

@@ -86,7 +86,13 @@ def test_kernel_matches_numpy(spec, dt, reverse):
         assert set(np.unique(acc).tolist()) <= {0, 1}
 
 
-def _fold_reference(spec, src, slots, skip):
+def _fold_reference(spec, src, slots, skip, in_order=False):
+    if in_order:  # x_0 (op) x_1 (op) ..., src standing for slot skip
+        parts = [src if k == skip else slot for k, slot in enumerate(slots)]
+        acc = parts[0].copy()
+        for part in parts[1:]:
+            acc = _reference(spec, acc, part)
+        return acc
     acc = src.copy()
     for k, slot in enumerate(slots):
         if k != skip:
@@ -95,9 +101,14 @@ def _fold_reference(spec, src, slots, skip):
 
 
 @pytest.mark.parametrize(("spec", "dt"), PAIRS, ids=IDS)
-@pytest.mark.parametrize(("ranks", "skip"), [(1, 0), (2, 0), (2, 1), (3, 1), (4, 3)])
-def test_fold_matches_numpy(spec, dt, ranks, skip):
-    # The shared-memory reduce: src (op) every other rank's slot, in rank order,
+@pytest.mark.parametrize(
+    ("ranks", "skip", "in_order"),
+    [(1, 0, False), (2, 0, False), (2, 1, False), (3, 1, False), (4, 3, False),
+     (1, 0, True), (2, 0, True), (2, 1, True), (3, 1, True), (4, 2, True), (3, -1, True)],
+)  # fmt: skip
+def test_fold_matches_numpy(spec, dt, ranks, skip, in_order):
+    # The shared-memory reduce: src (op) every other rank's slot, in rank order
+    # (in_order: the left fold of the slots in rank order, src for slot skip),
     # written to both outputs. The window is flat, one segment of `stride`
     # elements per rank; the slot starts at `offset` in each.
     rng = np.random.default_rng(11)
@@ -105,20 +116,29 @@ def test_fold_matches_numpy(spec, dt, ranks, skip):
     window = np.concatenate([_random(dt, stride, rng) for _ in range(ranks)])
     src = _random(dt, n, rng)
     slots = [window[k * stride + offset :][:n] for k in range(ranks)]
-    expected = _fold_reference(spec, src, slots, skip)
+    expected = _fold_reference(spec, src, slots, skip, in_order)
     red = reduction(spec.op, dt)
     before = window.tobytes()
     out, copy = np.zeros(n, dt), np.zeros(n, dt)
     with np.errstate(all="ignore"):
-        red.fold(out, copy, src, window, stride, offset, skip, ranks)
+        red.fold(out, copy, src, window, stride, offset, skip, ranks, in_order)
         in_place = src.copy()
-        red.fold(in_place, copy[:0], in_place, window, stride, offset, skip, ranks)
+        # in order, the partial results pass through a copy: in place needs one
+        keep = np.zeros(n if in_order else 0, dt)
+        red.fold(in_place, keep, in_place, window, stride, offset, skip, ranks, in_order)
+        alone = np.zeros(n, dt)  # in order, no copy: the partial results in out
+        if in_order:
+            red.fold(alone, copy[:0], src, window, stride, offset, skip, ranks, True)
+        else:
+            alone[...] = expected
     if spec.name == "prod" and dt.kind == "c":
         close = {"rtol": 8 * np.finfo(dt).eps, "atol": 0, "equal_nan": True}
         assert np.allclose(out, expected, **close) and np.allclose(in_place, expected, **close)
+        assert np.allclose(alone, expected, **close)
     else:
         assert np.array_equal(out, expected, equal_nan=dt.kind in "fc")
         assert np.array_equal(in_place, expected, equal_nan=dt.kind in "fc")
+        assert np.array_equal(alone, expected, equal_nan=dt.kind in "fc")
     assert out.tobytes() == copy.tobytes()
     assert window.tobytes() == before
 

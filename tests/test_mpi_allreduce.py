@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import kernels, verify
+from ringmpi.algorithms import shared
 
 pytestmark = pytest.mark.mpi
 
@@ -51,7 +52,9 @@ def _sizes(nranks: int, op: object, dtype: np.dtype, algorithm: str, comm_name: 
     within CI's budget: through the ring with SUM and AVG on every dtype they take
     and LOR on bool, through the latency algorithms with SUM on float64 (many
     segments per message, and recursive doubling's reduce of the very elements it
-    sends), through shared_memory likewise (many pieces, both slot sets). The MPI baseline is MPI's own code, "auto" runs one of the others, the
+    sends), through shared_memory likewise (many pieces, both slot sets). shared_memory
+    also takes, for every (op, dtype), one piece of its sliced way (SCATTER_BYTES and a
+    prime more). The MPI baseline is MPI's own code, "auto" runs one of the others, the
     other communicators share the code with WORLD, and the other ops differ only in
     their kernel, which the smaller sizes exercise (test_many_segments forces many
     segments for every (op, dtype) and algorithm).
@@ -63,6 +66,8 @@ def _sizes(nranks: int, op: object, dtype: np.dtype, algorithm: str, comm_name: 
     latency = algorithm in ("recursive_doubling", "rabenseifner", "shared_memory")
     if latency and comm_name == "world" and op == MPI.SUM and dtype == np.float64:
         sizes.append(BIG)
+    if algorithm == "shared_memory":  # one piece of the sliced way, in uneven slices
+        sizes.append(shared.SCATTER_BYTES // np.dtype(dtype).itemsize + PRIME)
     return sizes
 
 

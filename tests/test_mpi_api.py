@@ -21,6 +21,7 @@ import ringmpi
 import ringmpi._api
 import ringmpi._comm
 from ringmpi import algorithms, kernels, verify
+from ringmpi.algorithms import shared
 from ringmpi.schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -518,14 +519,32 @@ def test_trace_latency_matches_closed_form(comms, name, count, algorithm):
     agree(WORLD, problems)
 
 
-@pytest.mark.parametrize("count", [0, 1, 1009, 70_000])
+def shared_closed_form(count: int, itemsize: int, n: int, r: int) -> tuple[int, int]:
+    """(written, read) bytes of shared_memory on rank r of n: the buffer stored once;
+    per piece of SET_BYTES, the n - 1 other slots read whole, or, for a piece of
+    SCATTER_BYTES or more, the rank's slice of each (the fold) and their own
+    slices (the copy out), 2 (n - 1) / n of the piece."""
+    per = shared.SET_BYTES // itemsize
+    read = 0
+    for done in range(0, max(count, 1), per):
+        m = min(per, count - done)
+        if n > 1 and m * itemsize >= shared.SCATTER_BYTES:
+            mine = (r + 1) * m // n - r * m // n
+            read += (n - 1) * mine + (m - mine)
+        else:
+            read += (n - 1) * m
+    return count * itemsize, read * itemsize
+
+
+@pytest.mark.parametrize("count", [0, 1, 1009, 2048, 8191, 70_000])
 def test_trace_shared_memory_counts_window_bytes(count):
-    """No message; this rank's contribution written once, the others' read once."""
+    """No message; this rank's contribution written once, the others' read as the
+    closed form says (whole pieces below SCATTER_BYTES, sliced from there)."""
     buf = inputs(count)
     with ringmpi.trace() as t:
         ringmpi.Allreduce(MPI.IN_PLACE, buf, algorithm="shared_memory")
     got = (len(t.events), t.shared_written, t.shared_read)
-    want = (0, 8 * count, 8 * count * (SIZE - 1))
+    want = (0, *shared_closed_form(count, 8, SIZE, WORLD.Get_rank()))
     problems = [] if got == want else [f"(events, written, read) {got}, expected {want}"]
     problems += mismatch("result", buf, expected(count))
     agree(WORLD, problems)

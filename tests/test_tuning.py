@@ -31,10 +31,11 @@ def test_terms_are_the_closed_forms():
         "call": 1, "alpha": 4 + 2, "beta": 150 + 200, "gamma": 75 + 100,
     }  # fmt: skip
     assert terms("ring", 100, 1) == {"call": 1}
-    # shared_memory: every rank waits on p flags twice and folds p contributions,
-    # per piece of 64 KiB
-    assert terms("shared_memory", 100, 4) == {"call": 1, "shm_wait": 8, "shm_byte": 400}
-    assert terms("shared_memory", 100_000, 3)["shm_wait"] == 2 * 2 * 3
+    # shared_memory, per piece of 128 KiB: under 16 KiB every rank waits on p flags
+    # once and stores n, loads (p - 1) n; sliced, it waits twice and loads 2 (p - 1) / p
+    assert terms("shared_memory", 100, 4) == {"call": 1, "shm_wait": 4, "shm_byte": 400}
+    sliced = terms("shared_memory", 200_000, 3)  # two pieces
+    assert sliced == {"call": 1, "shm_wait": 2 * 2 * 3, "shm_byte": 200_000 * 7 / 3}
 
 
 def test_hierarchical_terms_count_pipeline_steps_and_the_ring_across_nodes():
@@ -46,15 +47,18 @@ def test_hierarchical_terms_count_pipeline_steps_and_the_ring_across_nodes():
                    "alpha": ring["alpha"], "beta": ring["beta"], "gamma": ring["gamma"]}  # fmt: skip
 
 
-def test_defaults_choose_shared_memory_small_and_hierarchical_large():
+def test_defaults_choose_shared_memory_on_one_node_and_messages_across():
     assert choose(D, 8, 2, 1, 2) == "shared_memory"
     assert choose(tuning.defaults(64), 8, 64, 1, 64) == "shared_memory"
     messages = [a for a in algorithms.candidates() if a != "shared_memory"]  # several nodes
     assert choose(D, 8, 16, 4, 4, messages) == "recursive_doubling"
-    assert choose(D, 64 << 20, 2, 1, 2) == "hierarchical"
-    # 16 ranks on a node: Rabenseifner's few steps win in the middle (measured there)
-    assert choose(tuning.defaults(16), 1 << 20, 16, 1, 16) == "rabenseifner"
-    assert choose(tuning.defaults(16), 64 << 20, 16, 1, 16) == "hierarchical"
+    # one node: the sliced way loads 2 (p - 1) / p of the buffer from the others at
+    # every size from 16 KiB, as the hierarchical node phase does, without its rails
+    for size in (1 << 20, 64 << 20):
+        assert choose(D, size, 2, 1, 2) == "shared_memory"
+        assert choose(tuning.defaults(16), size, 16, 1, 16) == "shared_memory"
+    # several nodes: the hierarchical algorithm's rails for large buffers
+    assert choose(D, 64 << 20, 8, 2, 4, messages) == "hierarchical"
     # one rank per node: no shared memory to use, the ring's bandwidth wins
     assert choose(D, 64 << 20, 8, 8, 1, messages) in ("ring", "rabenseifner")
 

@@ -1,26 +1,41 @@
-"""Shared-memory all-reduce on one node: every rank folds every contribution itself.
+"""Shared-memory all-reduce on one node: a window, flags, and no message at all.
 
-For small buffers the fastest all-reduce between ranks that share memory sends
-no message at all. Each rank copies its contribution into its slot of a node
-window (:mod:`ringmpi._shm`), raises its flag to the number of the call, waits
-until every rank's flag has reached it, and folds the L slots in local-rank
-order into its own result: one synchronisation and one pass over L inputs
-per call, against lg L message steps for recursive doubling, and the same
-order of operations on every rank, so the results are bitwise identical.
+For buffers up to a few MiB the fastest all-reduce between ranks that share
+memory sends no message. Each rank copies its contribution into its slot of a
+node window (:mod:`ringmpi._shm`), raises its flag to the number of the call,
+and waits until every rank's flag has reached it. Then, two ways:
 
-The half types (float16, bfloat16) fit this algorithm as they are: every rank
-already reads all L 16-bit contributions, so it widens them to float32, folds
-them in local-rank order, divides there for AVG, and rounds once
-(:func:`ringmpi._half.fold_parts`), a piece (SET_BYTES of each
-slot) at a time, so the fold reads what the ranks just wrote, in cache. The
-window holds 16 bits an element; no partial result is ever rounded.
+* **whole** (pieces under SCATTER_BYTES): every rank folds the L slots in
+  local-rank order into its own result: one synchronisation and one pass over
+  L inputs per piece, against lg L message steps for recursive doubling.
+* **sliced** (pieces of SCATTER_BYTES and more): the piece is cut into L
+  slices. A rank publishes only the others' slices, folds its own slice over
+  the L contributions (its own from its buffer) in local-rank order, into its
+  buffer and into its slot (where it left that slice out), raises its flag
+  again, and once every rank has, copies the other slices out of their
+  owners' slots. A reduce-scatter and an all-gather through memory: each
+  rank stores the piece once either way, but loads 2 (L - 1) / L of it from
+  the others' slots instead of L - 1 times it, and folds a slice instead of
+  the piece, for a second wait.
+
+Either way every element is folded in local-rank order (once, and copied, in
+the sliced way), so the results are bitwise identical on every rank and equal
+to the left fold in rank order.
+
+The half types (float16, bfloat16) always take the whole way: every rank
+reads all L 16-bit contributions, widens them to float32, folds them in
+local-rank order, divides there for AVG, and rounds once
+(:func:`ringmpi._half.fold_parts`), a piece at a time, so the fold reads what
+the ranks just wrote, in cache. The window holds 16 bits an element; no
+partial result is ever rounded.
 
 A rank may write its slot again only when every rank has finished reading it:
-the slots come in two sets used by alternate calls. A rank at call k writes
-set k mod 2 without a second wait: it saw every flag reach k - 1 at the end
-of its last call, and a rank raises its flag to k - 1 only after it has read
-call k - 2's set, the one being overwritten. Buffers larger than a set go
-through in pieces of a set each, one call number per piece.
+the slots come in two sets used by alternate pieces (each rank counts its
+pieces in its header). A rank starting a piece writes the set of the piece
+before the last without a further wait: it saw every flag reach the last
+piece's first number, and a rank raises its flag for a piece only after it
+has read all of the piece before. Buffers larger than a set go through in
+pieces of a set each.
 
 Each slot's header carries the count and the (op, dtype) code of the call:
 ranks that disagree all see it at the first piece and raise (no slot is read
@@ -39,7 +54,7 @@ from .. import _trace
 from .._capi import handle, mpi_win_sync, store_release
 from .._comm import Context
 from .._half import fold_half_parts
-from .._ops import combine_by_code, divide_by
+from .._ops import divide_by, fold_in_order_by_code
 from .._report import CELLS, DISAGREE, TIMED_OUT, raise_from
 from .._shm import await_flags, node_window
 from ..kernels import Reduction
@@ -48,12 +63,37 @@ from .registry import records, register
 __all__ = ["SET_BYTES", "prepare", "warm"]
 
 # Bytes of data in each of a slot's two sets: the piece one call number carries.
-SET_BYTES = 1 << 16
-_HEADER = 64  # a cache line of int64 cells: the flag, then (count, code) per set
+SET_BYTES = 1 << 17
+# Pieces of at least this many bytes are cut into slices, one per rank (below).
+SCATTER_BYTES = 1 << 14
+_HEADER = 64  # a cache line of int64 cells: the flag, (count, code) per set, the piece count
+_PIECE = 5  # header cell: pieces this rank has done; its parity is the next piece's set
 # params cells (int64), then the report (ringmpi._report; the step is the piece)
-# _HALF: the half type (Reduction.half, 0: none), _AVG_BY: what its fold divides by
+# _HALF: the half type (Reduction.half, 0: none), _AVG_BY: what its fold divides by,
+# _SCATTER: SCATTER_BYTES in lanes; the loop leaves in _WROTE and _READ the lanes this
+# rank stored to its slots and loaded from the others' slots (the trace's counts)
 (_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _HALF,
- _AVG_BY, _NPARAMS) = range(14)  # fmt: skip
+ _AVG_BY, _SCATTER, _WROTE, _READ, _NPARAMS) = range(17)  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _copy(dst, at, src, frm, k):
+    """``dst[at : at + k] = src[frm : frm + k]``, as slices: a loop that indexes each
+    array from its own start, which LLVM vectorizes."""
+    d, c = dst[at : at + k], src[frm : frm + k]
+    for i in range(k):
+        d[i] = c[i]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout):
+    """Raise this rank's flag to ``seq`` after its stores, wait until every rank's flag
+    has reached it; -1, or the local rank it gave up waiting for."""
+    mpi_win_sync(win)
+    store_release(flags, me, seq)
+    late = await_flags(flags, size, fstride, 0, seq, sleepy, timeout)
+    mpi_win_sync(win)
+    return late
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -71,51 +111,73 @@ def _allreduce(work, source, data, flags, params, divisor):
     n = work.size
     me = rank * fstride
     seq = flags[me]  # this rank's flag: only this rank writes it
+    wrote = read = 0
     done = 0
     while True:  # one piece at least: a rank with count 0 still meets the others
         m = min(cap, n - done)
-        seq += 1
-        b = seq & 1
-        # Set b is free: this rank saw every flag reach seq - 1 (the last piece's wait),
-        # and a rank raises its flag to seq - 1 only after reading piece seq - 2.
-        mine = rank * dstride + hdr + b * cap
-        for i in range(m):
-            data[mine + i] = source[done + i]
+        b = flags[me + _PIECE] & 1
+        flags[me + _PIECE] += 1
+        # Set b is free: its last piece is the one before the last, which every rank
+        # finished before raising its flag for the last piece (the wait this rank passed).
+        at = hdr + b * cap  # the piece's place in each rank's segment
+        mine = rank * dstride + at
+        src, out = source[done : done + m], work[done : done + m]
+        scatter = size > 1 and not half and m >= params[_SCATTER]
+        lo, hi = rank * m // size, (rank + 1) * m // size  # this rank's slice
+        if scatter:  # the others' slices only: this rank folds its own from src
+            _copy(data, mine, src, 0, lo)
+            _copy(data, mine + hi, src, hi, m - hi)
+            wrote += m - (hi - lo)
+        else:
+            _copy(data, mine, src, 0, m)
+            wrote += m
         flags[me + 1 + 2 * b] = n
         flags[me + 2 + 2 * b] = tag
-        mpi_win_sync(win)
-        store_release(flags, me, seq)
-        late = await_flags(flags, size, fstride, 0, seq, sleepy, timeout)
+        seq += 1
+        late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
         if late >= 0:
             err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 0
             return
-        mpi_win_sync(win)
         for r in range(size):
             their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
             if their_n != n or their_tag != tag:
                 err[0], err[1], err[2] = DISAGREE, done // cap, r
                 err[3], err[4] = their_n, their_tag
                 return
-        out = work[done : done + m]
+        read += (size - 1) * (hi - lo if scatter else m)
         if half:
             # Half types: all L slots widened, folded in float32, rounded once.
             for r in range(size):
-                starts[r] = r * dstride + hdr + b * cap
+                starts[r] = r * dstride + at
             fold_half_parts(out, data, data, data.size, starts, 0, code, half, avg_by)
-            done += m
-            if done >= n:
+        elif scatter:
+            # This rank's slice in rank order into its own slot (where the others
+            # left no data) and work; then every rank has finished its slice, and
+            # each copies the others' slices out of their slots.
+            fold_in_order_by_code(out[lo:hi], data[mine + lo : mine + hi], src[lo:hi], data,
+                                  dstride, at + lo, rank, size, code)  # fmt: skip
+            if divisor.size > 0:
+                divide_by(out[lo:hi], divisor)
+                divide_by(data[mine + lo : mine + hi], divisor)
+            wrote += hi - lo
+            seq += 1
+            late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
+            if late >= 0:
+                err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 0
                 return
-            continue
-        at = hdr + b * cap
-        for i in range(m):
-            out[i] = data[at + i]
-        for r in range(1, size):
-            at = r * dstride + hdr + b * cap
-            combine_by_code(out, data[at : at + m], code, False)
-        if divisor.size > 0:
-            divide_by(out, divisor)
+            for r in range(size):
+                if r != rank:
+                    rlo, rhi = r * m // size, (r + 1) * m // size
+                    _copy(out, rlo, data, r * dstride + at + rlo, rhi - rlo)
+                    read += rhi - rlo
+        else:
+            # Every slot in rank order, this rank's own too (src may be work).
+            fold_in_order_by_code(out, out[:0], src, data, dstride, at, -1, size, code)
+            if divisor.size > 0:
+                divide_by(out, divisor)
         done += m
         if done >= n:
+            params[_WROTE], params[_READ] = wrote, read
             return
 
 
@@ -182,7 +244,7 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
         params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                              _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
                              int(ctx.sleepy), node.handle, round(timeout * 1e9), red.half,
-                             red.avg_divisor(ctx.size))  # fmt: skip
+                             red.avg_divisor(ctx.size), SCATTER_BYTES // isz, 0, 0)  # fmt: skip
         split = lanes != red.dtype
         found = (node, params, red.divisor(ctx.size), node.flat.view(lanes), split)
         node.calls[key] = found
@@ -238,15 +300,20 @@ def shared_memory_allreduce(
     if params.item(_NPARAMS):
         _raise(params[_NPARAMS:], into, red, ctx, timeout)
     if _trace._active:
-        _trace.record_shared(written=work.nbytes, read=(ctx.size - 1) * work.nbytes)
+        isz = into.itemsize
+        _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
 
 
 def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
-    """2 k p shm_wait + n p shm_byte: k pieces of SET_BYTES, each a flag per rank twice."""
+    """k pieces of SET_BYTES: per piece each rank waits on p flags, twice for a piece
+    cut into slices (shm_wait); shm_byte per byte a rank stores to its slots and
+    loads from the others' (what the trace counts): n p whole, n (3p - 2) / p sliced."""
     if p <= 1:
         return {"call": 1.0}
     pieces = max(1, math.ceil(n / SET_BYTES))
-    return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * p}
+    if min(n, SET_BYTES) < SCATTER_BYTES:
+        return {"call": 1.0, "shm_wait": pieces * p, "shm_byte": n * p}
+    return {"call": 1.0, "shm_wait": 2.0 * pieces * p, "shm_byte": n * (3 * p - 2) / p}
 
 
 # Every rank folds the slots in local-rank order, and its node is the whole

@@ -60,9 +60,9 @@ from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SET_BYTES", "prepare", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "prepare", "warm"]
 
-# Bytes of data in each of a slot's two sets: the piece one call number carries.
+# Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
 # Pieces of at least this many bytes are cut into slices, one per rank (below).
 SCATTER_BYTES = 1 << 14
@@ -151,8 +151,8 @@ def _allreduce(work, source, data, flags, params, divisor):
                 starts[r] = r * dstride + at
             fold_half_parts(out, data, data, data.size, starts, 0, code, half, avg_by)
         elif scatter:
-            # This rank's slice in rank order into its own slot (where the others
-            # left no data) and work; then every rank has finished its slice, and
+            # This rank's slice in rank order into its own slot (where it left
+            # the slice out) and work; once every rank has finished its slice,
             # each copies the others' slices out of their slots.
             fold_in_order_by_code(out[lo:hi], data[mine + lo : mine + hi], src[lo:hi], data,
                                   dstride, at + lo, rank, size, code)  # fmt: skip
@@ -162,8 +162,8 @@ def _allreduce(work, source, data, flags, params, divisor):
             wrote += hi - lo
             seq += 1
             late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
-            if late >= 0:
-                err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 0
+            if late >= 0:  # x = 1: the wait for the slices
+                err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 1
                 return
             for r in range(size):
                 if r != rank:
@@ -277,11 +277,13 @@ def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context,
            timeout: float) -> None:  # fmt: skip
     cells = report.copy()
     per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element: counts in elements
-    cells[3] //= per
+    if cells[0] == DISAGREE:  # x: the count another rank announced
+        cells[3] //= per
     raise_from(cells, ctx, timeout,
                lambda piece: f"rank {ctx.rank}: shared_memory publish piece {piece}",
                lambda r: f"rank {r}", count=lanes.size // per, tag=red.tag,
-               waiting=lambda who, _: f"{who} to publish its piece")  # fmt: skip
+               waiting=lambda who, sliced: f"{who} to " + (
+                   "fold its slice of the piece" if sliced else "publish its piece"))  # fmt: skip
 
 
 def shared_memory_allreduce(

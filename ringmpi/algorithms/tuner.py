@@ -71,6 +71,7 @@ class _Trials:
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
     repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
+    leads: dict = field(default_factory=dict)  # the same and in place -> copies(...)
     # seconds added to each candidate's median: what a repeat of it pays in Python
     # (the API's Python repeat path) that its trials, which time `again`, do not
     charged: list[float] = field(default_factory=list)
@@ -78,6 +79,17 @@ class _Trials:
     def __post_init__(self) -> None:
         self.times = [[] for _ in self.names]
         self.charged = [0.0 for _ in self.names]
+
+    def copies(self, key: tuple, work: np.ndarray, source: np.ndarray | None) -> tuple:
+        """(out, source) for a timed trial: copies of this rank's data, made once per
+        candidate and call shape; one array for an in-place call."""
+        key = (*key, source is None)
+        made = self.leads.get(key)
+        if made is None:
+            out = np.empty_like(work)
+            made = self.leads[key] = (out, out if source is None else np.empty_like(source))
+        np.copyto(made[1], work if source is None else source)
+        return made
 
     @property
     def total(self) -> int:
@@ -100,6 +112,7 @@ class Trial:
                 _together(ctx, timeout)
             t0 = time.perf_counter_ns()
             self.candidate.run(work, red, ctx, source, timeout)
+            took = (time.perf_counter_ns() - t0) * 1e-9
         else:
             key = (self.name, red.name, red.dtype.str, work.size, timeout)
             again = trials.repeats.get(key)
@@ -109,13 +122,18 @@ class Trial:
                 if direct is None or direct(red, ctx, work.size, timeout) is None:
                     trials.charged[i] = python_repeat_seconds()
             if timed and work.nbytes <= _LEAD_BYTES:
-                lead = np.array(work if source is None else source)  # this rank's data, a copy
-                again(lead, lead)  # the ranks come out of it as out of the call before
-            elif timed:
-                _together(ctx, timeout)
-            t0 = time.perf_counter_ns()
-            again(work, work if source is None else source)
-        took = (time.perf_counter_ns() - t0) * 1e-9
+                out, src = trials.copies(key, work, source)
+                again(out, src)  # the ranks come out of it as out of the call before
+                t0 = time.perf_counter_ns()
+                again(out, src)  # a call after one of its own, as in a loop
+                took = (time.perf_counter_ns() - t0) * 1e-9
+                again(work, work if source is None else source)
+            else:
+                if timed:
+                    _together(ctx, timeout)
+                t0 = time.perf_counter_ns()
+                again(work, work if source is None else source)
+                took = (time.perf_counter_ns() - t0) * 1e-9
         if timed:
             trials.times[i].append(took)
         _trace.record_trial(self.klass, self.name, took, timed)
@@ -124,13 +142,16 @@ class Trial:
             self.tuner.settle(self.klass, trials, ctx, timeout)
 
 
-# Up to this size a timed trial follows a call of the same candidate on a copy of
-# the data, untimed, as a call in a loop follows the one before; above, a barrier.
-# Between the tuner's calls the ranks drift apart by more than a small call takes
-# (the Python of a call that is not yet a repeat), and a trial alone would time
-# the drift; a barrier lets each rank out at its own time, which a small call's
-# time would show too (more for some libraries' calls than for others').
-_LEAD_BYTES = 1 << 20
+# Up to this size a timed trial is the second of two calls in a row on a copy of the
+# data, as a call in a loop follows the one before, and then the call itself runs,
+# untimed; above, a barrier and the call. Between the tuner's calls the ranks drift
+# apart by more than a small call takes (the Python of a call that is not yet a
+# repeat), and a trial alone would time the drift; a barrier lets each rank out at
+# its own time, which a small call's time would show too (more for some libraries'
+# calls than for others'). And where the trials take turns, a buffer comes to a
+# candidate as the one before left it: after a library that writes it from the
+# other rank's core (a single-copy transfer), it lies in that core's cache.
+_LEAD_BYTES = 4 << 20
 
 
 def _no_python_repeat() -> float:

@@ -99,7 +99,15 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
     won = t.tuned[0].algorithm
     assert won != "dawdle" and set(t.tuned[0].seconds) == set(names)
     assert t.tuned[0].seconds["dawdle"] >= 0.003
-    assert min(t.tuned[0].seconds.values()) == t.tuned[0].seconds[won]
+    fastest = min(t.tuned[0].seconds.values())
+    if won == "mpi":  # the library's call stays within LIBRARY_MARGIN of the fastest
+        assert fastest > t.tuned[0].seconds["mpi"] * (1 - tuner.LIBRARY_MARGIN)
+    else:
+        assert (
+            t.tuned[0].seconds[won]
+            == fastest
+            < t.tuned[0].seconds["mpi"] * (1 - tuner.LIBRARY_MARGIN)
+        )
     assert len(set(comm.allgather(won))) == 1
     assert algorithms.choose("auto", NBYTES, context(comm), None).name == won
     # Rank 0 wrote the winner down.

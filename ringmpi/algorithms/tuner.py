@@ -44,7 +44,7 @@ from .. import __version__, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import fits, get, names, repeater
 
-__all__ = ["SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
+__all__ = ["LIBRARY_MARGIN", "SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -59,6 +59,10 @@ def timed_calls(nbytes: int) -> int:
 
 
 SHORTLIST = 2  # how many of the model's best own algorithms are tried
+# The library's call stays unless one of ringmpi's own is at least this much faster
+# in the trials: medians of a few calls differ by as much from run to run at large
+# sizes, and a near tie lost to the noise should cost the library's time, not more.
+LIBRARY_MARGIN = 0.05
 _VERSION = 1  # of the cache file's layout
 
 
@@ -206,6 +210,10 @@ class Tuner:
         library_allreduce(ctx, mine, slowest, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on its trials")  # fmt: skip
         winner = trials.names[int(np.argmin(slowest))]
+        if "mpi" in trials.names:  # the library's call, unless clearly beaten
+            library = slowest[trials.names.index("mpi")]
+            if slowest.min() > library * (1 - LIBRARY_MARGIN):
+                winner = "mpi"
         self.known[klass] = winner
         del self.trying[klass]
         times = dict(zip(trials.names, slowest.tolist(), strict=True))

@@ -172,34 +172,22 @@ def _fold(out, copy, src, window, stride, offset, skip, ranks, op):
 
 
 @_element
-def _fold_in_order(out, copy, src, window, stride, offset, skip, ranks, op):
-    """``out = copy = x_0 (op) x_1 (op) ... (op) x_{ranks-1}``, left to right in rank
-    order: x_k is slot k (as for :func:`_fold`), x_skip is ``src`` (``skip`` < 0:
-    every x_k is a slot).
-
-    The partial results build up in ``copy``, then one more pass copies them to
-    ``out``; with no ``copy`` they build up in ``out``, which must then be none of
-    the inputs. So ``src`` may be ``out`` itself (in place) only with a ``copy``.
-    No loop reads an array under another name than it writes it, so LLVM's
-    overlap checks pass and every loop is vectorized.
+def _fold_in_order(acc, src, window, stride, offset, skip, ranks, op):
+    """``acc = x_0 (op) x_1 (op) ... (op) x_{ranks-1}``, left to right in rank order,
+    for ``ranks`` >= 2: x_k is slot k (as for :func:`_fold`), x_skip is ``src``
+    (``skip`` < 0: every x_k is a slot). ``acc`` must be none of the inputs; no
+    loop reads an array under another name than it writes it, so LLVM's overlap
+    checks pass and both loops are vectorized. One pass per rank after the first.
     """
-    n = out.size
-    acc = copy if copy.size > 0 else out
+    n = acc.size
     first = src if skip == 0 else window[offset : offset + n]
-    if ranks == 1:
-        for i in range(n):
-            acc[i] = first[i]
-    for k in range(1, ranks):
+    second = src if skip == 1 else window[stride + offset : stride + offset + n]
+    for i in range(n):
+        acc[i] = op(first[i], second[i])
+    for k in range(2, ranks):
         inp = src if k == skip else window[k * stride + offset : k * stride + offset + n]
-        if k == 1:
-            for i in range(n):
-                acc[i] = op(first[i], inp[i])
-        else:
-            for i in range(n):
-                acc[i] = op(acc[i], inp[i])
-    if copy.size > 0:
         for i in range(n):
-            out[i] = copy[i]
+            acc[i] = op(acc[i], inp[i])
 
 
 # --- the ops by number, for compiled code -------------------------------------
@@ -263,63 +251,94 @@ def fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
     raise NotImplementedError("fold_by_code runs in Numba-compiled code only")
 
 
-def fold_in_order_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
+@overload(fold_by_code, jit_options={"error_model": "numpy"})
+def _fold_by_code(out, copy, src, window, stride, offset, skip, ranks, code):
+    dt = out.dtype
+    boolean = isinstance(dt, types.Boolean)
+    integer = isinstance(dt, types.Integer)
+    ordered = integer or isinstance(dt, types.Float)
+
+    def impl(out, copy, src, window, stride, offset, skip, ranks, code):
+        if code == OP_SUM:
+            if not boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, add)
+        elif code == OP_PROD:
+            if not boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _mul)
+        elif code == OP_MAX:
+            if ordered:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, greater)
+        elif code == OP_MIN:
+            if ordered:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, lesser)
+        elif code == OP_LAND:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _and)
+        elif code == OP_LOR:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _or)
+        elif code == OP_LXOR:
+            if integer or boolean:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _xor)
+        elif code == OP_BAND:
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitand)
+        elif code == OP_BOR:
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitor)
+        elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
+            if integer:
+                _fold(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
+
+    return impl
+
+
+def fold_in_order_by_code(acc, src, window, stride, offset, skip, ranks, code):
     """The left fold in rank order of :func:`_fold_in_order` (``src`` in place of slot
-    ``skip``) for op number ``code``; only in compiled code."""
+    ``skip``, ``ranks`` >= 2) for op number ``code``; only in compiled code."""
     raise NotImplementedError("fold_in_order_by_code runs in Numba-compiled code only")
 
 
-def _fold_overload(loop):
-    """The overload of a fold over the window that runs ``loop`` with op number
-    ``code``'s op, pruned to the ops MPI defines for the dtype."""
+@overload(fold_in_order_by_code, jit_options={"error_model": "numpy"})
+def _fold_in_order_by_code(acc, src, window, stride, offset, skip, ranks, code):
+    dt = acc.dtype
+    boolean = isinstance(dt, types.Boolean)
+    integer = isinstance(dt, types.Integer)
+    ordered = integer or isinstance(dt, types.Float)
 
-    def typer(out, copy, src, window, stride, offset, skip, ranks, code):
-        dt = out.dtype
-        boolean = isinstance(dt, types.Boolean)
-        integer = isinstance(dt, types.Integer)
-        ordered = integer or isinstance(dt, types.Float)
+    def impl(acc, src, window, stride, offset, skip, ranks, code):
+        if code == OP_SUM:
+            if not boolean:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, add)
+        elif code == OP_PROD:
+            if not boolean:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _mul)
+        elif code == OP_MAX:
+            if ordered:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, greater)
+        elif code == OP_MIN:
+            if ordered:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, lesser)
+        elif code == OP_LAND:
+            if integer or boolean:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _and)
+        elif code == OP_LOR:
+            if integer or boolean:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _or)
+        elif code == OP_LXOR:
+            if integer or boolean:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _xor)
+        elif code == OP_BAND:
+            if integer:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _bitand)
+        elif code == OP_BOR:
+            if integer:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _bitor)
+        elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
+            if integer:
+                _fold_in_order(acc, src, window, stride, offset, skip, ranks, _bitxor)
 
-        def impl(out, copy, src, window, stride, offset, skip, ranks, code):
-            if code == OP_SUM:
-                if not boolean:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, add)
-            elif code == OP_PROD:
-                if not boolean:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _mul)
-            elif code == OP_MAX:
-                if ordered:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, greater)
-            elif code == OP_MIN:
-                if ordered:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, lesser)
-            elif code == OP_LAND:
-                if integer or boolean:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _and)
-            elif code == OP_LOR:
-                if integer or boolean:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _or)
-            elif code == OP_LXOR:
-                if integer or boolean:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _xor)
-            elif code == OP_BAND:
-                if integer:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitand)
-            elif code == OP_BOR:
-                if integer:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitor)
-            elif code == OP_BXOR:  # noqa: SIM102 (a constant test, pruned)
-                if integer:
-                    loop(out, copy, src, window, stride, offset, skip, ranks, _bitxor)
-
-        return impl
-
-    return typer
-
-
-overload(fold_by_code, jit_options={"error_model": "numpy"})(_fold_overload(_fold))
-overload(fold_in_order_by_code, jit_options={"error_model": "numpy"})(
-    _fold_overload(_fold_in_order)
-)
+    return impl
 
 
 def divide_by(acc, divisor):
@@ -353,9 +372,9 @@ def fold(out, copy, src, window, stride, offset, skip, ranks, code):
 
 
 @_jit
-def fold_in_order(out, copy, src, window, stride, offset, skip, ranks, code):
+def fold_in_order(acc, src, window, stride, offset, skip, ranks, code):
     """:func:`fold_in_order_by_code`, compiled once per dtype."""
-    fold_in_order_by_code(out, copy, src, window, stride, offset, skip, ranks, code)
+    fold_in_order_by_code(acc, src, window, stride, offset, skip, ranks, code)
 
 
 @_jit

@@ -185,15 +185,23 @@ class Reduction:
         at ``k * stride``), ``src`` this rank's own contribution (it may be ``out``:
         in place); ``copy`` may be empty. Memory traffic: one read of each input
         and one write of each output. ``in_order``: the left fold in rank order
-        instead, ``src`` standing for slot ``skip`` (``skip`` < 0: none); ``src``
-        may then be ``out`` only with a ``copy``, which the partial results pass
-        through.
+        instead (the shared_memory algorithm's), ``src`` standing for slot
+        ``skip`` (``skip`` < 0: none).
         """
         self._partials()
         lanes, w = self._lanes, 2 if self._split else 1
-        loop = _ops.fold_in_order if in_order else _ops.fold
-        loop(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w, offset * w, skip,
-             ranks, self.code)  # fmt: skip
+        if not in_order:
+            _ops.fold(lanes(out), lanes(copy), lanes(src), lanes(window), stride * w,
+                      offset * w, skip, ranks, self.code)  # fmt: skip
+            return
+        if ranks == 1:
+            acc = src.copy() if skip == 0 else window[offset:][: out.size].copy()
+        else:
+            acc = np.empty_like(out)
+            _ops.fold_in_order(lanes(acc), lanes(src), lanes(window), stride * w, offset * w,
+                               skip, ranks, self.code)  # fmt: skip
+        out[...] = acc
+        copy[...] = acc[: copy.size]
 
     def finish(self, acc: np.ndarray, nranks: int) -> None:
         """Finish a complete sum made elsewhere (the MPI baseline): AVG divides."""

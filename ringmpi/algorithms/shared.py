@@ -154,11 +154,11 @@ def _allreduce(work, source, data, flags, params, divisor):
             # This rank's slice in rank order into its own slot (where it left
             # the slice out) and work; once every rank has finished its slice,
             # each copies the others' slices out of their slots.
-            fold_in_order_by_code(out[lo:hi], data[mine + lo : mine + hi], src[lo:hi], data,
-                                  dstride, at + lo, rank, size, code)  # fmt: skip
+            slot = data[mine + lo : mine + hi]
+            fold_in_order_by_code(slot, src[lo:hi], data, dstride, at + lo, rank, size, code)
             if divisor.size > 0:
-                divide_by(out[lo:hi], divisor)
-                divide_by(data[mine + lo : mine + hi], divisor)
+                divide_by(slot, divisor)
+            _copy(out, lo, data, mine + lo, hi - lo)
             wrote += hi - lo
             seq += 1
             late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
@@ -170,11 +170,13 @@ def _allreduce(work, source, data, flags, params, divisor):
                     rlo, rhi = r * m // size, (r + 1) * m // size
                     _copy(out, rlo, data, r * dstride + at + rlo, rhi - rlo)
                     read += rhi - rlo
-        else:
+        elif size > 1:
             # Every slot in rank order, this rank's own too (src may be work).
-            fold_in_order_by_code(out, out[:0], src, data, dstride, at, -1, size, code)
+            fold_in_order_by_code(out, src, data, dstride, at, -1, size, code)
             if divisor.size > 0:
                 divide_by(out, divisor)
+        else:
+            _copy(out, 0, data, mine, m)
         done += m
         if done >= n:
             params[_WROTE], params[_READ] = wrote, read

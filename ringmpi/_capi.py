@@ -144,10 +144,17 @@ def mpi_get_count(typingctx, status, datatype, count):
     return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Get_count", "ppp")
 
 
-# An MPI_Allreduce prepared as an int64 array, its cells (the mpi algorithm's
-# direct repeat, ringmpi._direct): MPI_IN_PLACE's address, the datatype, op and
-# communicator handles, the count, and the NumPy number of the dtype it is for.
-CELL_IN_PLACE, CELL_DATATYPE, CELL_OP, CELL_COMM, CELL_COUNT, CELL_DTYPE = range(6)
+# A call prepared for the direct repeat (ringmpi._direct) as an int64 array, its
+# cells: MPI_IN_PLACE's address (what ``sbuf`` is for a call in place), the
+# datatype, op and communicator handles, the count, the NumPy number of the dtype it
+# is for, then CELL_FN: 0 for MPI_Allreduce with those handles, else the address of
+# a C function ``int64 fn(cells, sbuf, rbuf, count)`` (the cells' address) that
+# runs one of ringmpi's own algorithms, returning 0 or, with its report filled, not
+# 0; and CELL_RAISE: the address of a Python callable (kept by whoever made the
+# cells) that raises that report's error, 0 for MPI_Allreduce. An own algorithm's
+# cells go on from CELL_OWN with what its C function needs.
+(CELL_IN_PLACE, CELL_DATATYPE, CELL_OP, CELL_COMM, CELL_COUNT, CELL_DTYPE, CELL_FN, CELL_RAISE,
+ CELL_OWN) = range(9)  # fmt: skip
 
 
 @intrinsic
@@ -243,6 +250,27 @@ def poke(typingctx, address, value):
         return context.get_dummy_value()
 
     return types.none(types.int64, types.int64), codegen
+
+
+@intrinsic
+def as_voidptr(typingctx, address):
+    """The int64 ``address`` as a ``void *`` (for ``numba.carray``)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return types.voidptr(types.int64), codegen
+
+
+@intrinsic
+def call_fn(typingctx, fn, a, b, c, d):
+    """``fn(a, b, c, d)``: the C function at address ``fn``, of four int64s to one."""
+
+    def codegen(context, builder, sig, args):
+        fty = ir.FunctionType(_I64, [_I64] * 4)
+        return builder.call(builder.inttoptr(args[0], fty.as_pointer()), list(args[1:]))
+
+    return types.int64(types.int64, types.int64, types.int64, types.int64, types.int64), codegen
 
 
 @intrinsic

@@ -1,14 +1,15 @@
-"""The API's repeat of the library's call, as one C function that Python calls.
+"""The API's repeat of a prepared call, as one C function that Python calls.
 
 ``ringmpi.Allreduce`` is a builtin function (``METH_FASTCALL | METH_KEYWORDS``)
 whose C function is compiled by Numba. A call with positional arguments only
 (``sendbuf, recvbuf[, op[, comm]]``) that repeats an earlier call the API
-remembered for the library's own MPI_Allreduce (see ``_api``) is recognised in
-compiled code, by the objects' addresses and the arrays' NumPy fields, and goes
-straight to MPI_Allreduce: no interpreter frame, no argument parsing, no
-buffer protocol. Every other call, and any repeat whose arrays changed, goes to
-the Python function (:func:`ringmpi._api.Allreduce`) with its arguments as
-given, through ``PyObject_Vectorcall``.
+remembered with a record's direct cells (``_capi``'s CELL_* layout: the library's
+MPI_Allreduce, or an own algorithm's C function) is recognised in compiled
+code, by the objects' addresses and the arrays' NumPy fields, and goes straight
+to that call: no interpreter frame, no argument parsing, no buffer protocol.
+Every other call, and any repeat whose arrays changed, goes to the Python
+function (:func:`ringmpi._api.Allreduce`) with its arguments as given, through
+``PyObject_Vectorcall``.
 
 What makes an address a safe test of identity: an entry holds the weak
 references of its arrays, whose callbacks empty it as either array is freed,
@@ -38,14 +39,20 @@ import numba
 import numpy as np
 from mpi4py import MPI
 from numba import types
+from numba.extending import overload
+from numba.np.numpy_support import as_dtype
 
 from . import _cache, _settings, _trace
 from ._capi import (
     CELL_COMM,
     CELL_COUNT,
     CELL_DATATYPE,
+    CELL_DTYPE,
+    CELL_FN,
     CELL_IN_PLACE,
     CELL_OP,
+    CELL_RAISE,
+    call_fn,
     mpi_allreduce,
     peek,
     peek32,
@@ -54,7 +61,11 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["caller", "entry", "install", "warm"]
+__all__ = ["STALE", "again_from", "again_in_place", "caller", "entry", "install", "number",
+           "run_cells", "warm"]  # fmt: skip
+
+# What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
+STALE = -1
 
 # A PyObject's header (reference count, type), then NumPy's PyArrayObject fields.
 _DATA, _NDIM, _SHAPE, _DESCR, _FLAGS = 16, 24, 32, 56, 64
@@ -64,18 +75,19 @@ _METH_FASTCALL_KEYWORDS = 0x80 | 0x2
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
-(IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES,
- PYTHON) = range(10)  # fmt: skip
-_HEADER = 10
-(RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, COUNT, DATATYPE, OP,
- COMM, SETTINGS) = range(13)  # fmt: skip
-_WIDTH = 13
+(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES,
+ PYTHON) = range(9)  # fmt: skip
+_HEADER = 9
+# An entry: the objects, what the arrays must be, the address of the call's cells,
+# the callable that raises its errors, the settings snapshot.
+(RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
+ SETTINGS) = range(11)  # fmt: skip
+_WIDTH = 11
 # A list's length and the address of its items (PyListObject).
 _LEN, _ITEMS = 16, 24
 _SLOTS = 256
-# A caller's cells (see caller): one prepared MPI_Allreduce.
-(C_IN_PLACE, C_DATATYPE, C_OP, C_COMM, C_COUNT, C_DESCR, C_NONE, C_RAISE, C_ERROR,
- C_PYTHON) = range(10)  # fmt: skip
+# A caller's cells (see caller): one prepared call.
+C_CELLS, C_DESCR, C_NONE, C_RAISE, C_ERROR, C_PYTHON = range(6)
 
 
 class _Holder(np.ndarray):
@@ -86,6 +98,7 @@ class _Holder(np.ndarray):
 
     failed: Callable[[], None]  # raises MPI.Exception for the error code in the cells
     method: Any  # the builtin's PyMethodDef, kept as long as the builtin
+    cells: np.ndarray  # a caller's call, kept as long as the builtin
     _python: Callable[..., Any]
     _cell: int
 
@@ -163,9 +176,8 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     if not _layout_ok():
         return python
     holder = _holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
-    holder[[IN_PLACE_OBJ, IN_PLACE_C, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES]] = [
+    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES]] = [
         id(MPI.IN_PLACE),
-        int(MPI.IN_PLACE),
         id(MPI.SUM),
         id(None),
         id(holder.failed),
@@ -181,17 +193,17 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def caller(cells: np.ndarray, dtype: np.dtype, python: Callable[..., Any]) -> Callable[..., Any]:
-    """``call(work, source)``: the MPI_Allreduce of ``cells`` (``_capi``'s CELL_*
-    layout) on 1-D arrays of ``dtype`` (``source is work``: in place), as a builtin
-    whose C function calls MPI, so that it costs what the C repeat path costs (auto's
-    tuner times it); other arrays go to ``python(work, source)``, which is all
-    there is where the builtin cannot be made."""
+    """``call(work, source)``: the call of ``cells`` (``_capi``'s CELL_* layout) on
+    1-D arrays of ``dtype`` (``source is work``: in place), as a builtin whose C
+    function makes it, so that it costs what the C repeat path costs (auto's tuner
+    times it); other arrays go to ``python(work, source)``, which is all there is
+    where the builtin cannot be made."""
     if not _layout_ok():
         return python
     holder = _holder(C_PYTHON + 1, python, C_ERROR, C_PYTHON)
-    holder[:C_ERROR] = [cells[CELL_IN_PLACE], cells[CELL_DATATYPE], cells[CELL_OP],
-                        cells[CELL_COMM], cells[CELL_COUNT], id(np.dtype(dtype)), id(None),
-                        id(holder.failed)]  # fmt: skip
+    holder.cells = cells  # kept: its address is in the cells
+    holder[:C_ERROR] = [cells.ctypes.data, id(np.dtype(dtype)), id(None),
+                        int(cells[CELL_RAISE]) or id(holder.failed)]  # fmt: skip
     return _builtin("again", caller.__doc__, __name__, holder, _compiled(_call_once))
 
 
@@ -207,9 +219,9 @@ class _Entries:
 def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
             settings: _settings.Settings) -> None:  # fmt: skip
     """Run later ``Allreduce(sendbuf, recvbuf, op, comm)`` calls with these very
-    objects as MPI_Allreduce with ``cells`` (``_capi``'s CELL_* layout), from C,
-    while ``settings`` is the snapshot in force and no trace is open. Only exact
-    NumPy arrays; nothing where the builtin is not in use."""
+    objects as the call of ``cells`` (``_capi``'s CELL_* layout), from C, while
+    ``settings`` is the snapshot in force and no trace is open. Only exact NumPy
+    arrays; nothing where the builtin is not in use."""
     holder = _state.get("holder")
     if holder is None or type(recvbuf) is not np.ndarray:
         return
@@ -229,12 +241,12 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
     refs = (weakref.ref(recvbuf, gone), None if in_place else weakref.ref(sendbuf, gone))
     holder[base : base + _WIDTH] = 0
-    _kept[slot] = (refs, op, comm, settings)
+    _kept[slot] = (refs, op, comm, settings, cells)
     send = recvbuf if in_place else sendbuf
     holder[base + SEND : base + _WIDTH] = [
         id(sendbuf), id(op), id(comm), id(recvbuf.dtype), id(send.dtype), recvbuf.ndim,
-        send.ndim, int(cells[CELL_COUNT]), int(cells[CELL_DATATYPE]), int(cells[CELL_OP]),
-        int(cells[CELL_COMM]), id(settings)]  # fmt: skip
+        send.ndim, cells.ctypes.data, int(cells[CELL_RAISE]) or int(holder[RAISE]),
+        id(settings)]  # fmt: skip
     holder[base + RECV] = id(recvbuf)  # last: the entry is whole
 
 
@@ -242,6 +254,75 @@ def warm() -> None:
     """Compile (or load from Numba's cache) the two C functions."""
     _compiled(_call)
     _compiled(_call_once)
+
+
+def _usable(array, written):
+    """Whether compiled code may hand ``array`` to the call as is: C-contiguous,
+    aligned and, if the call writes it, writeable (known from its type, when it
+    compiles)."""
+
+
+@overload(_usable)
+def _usable_typed(array, written):
+    ok = array.layout == "C" and array.aligned
+    ok_written = ok and array.mutable
+    return lambda array, written: ok_written if written else ok
+
+
+def number(dtype: np.dtype) -> int:
+    """``dtype``'s number as compiled code sees it (CELL_DTYPE; int64's, for a
+    ``longlong``)."""
+    return as_dtype(numba.from_dtype(np.dtype(dtype))).num
+
+
+def _dtype_number(work):
+    """The NumPy number of ``work``'s dtype (known when it compiles)."""
+
+
+@overload(_dtype_number)
+def _dtype_number_typed(work):
+    number = as_dtype(work.dtype).num
+    return lambda work: number
+
+
+@numba.njit(cache=True)
+def run_cells(cells, sbuf, rbuf, count):
+    """The call of the cells at address ``cells`` on ``count`` elements at ``sbuf``
+    (or the cells' MPI_IN_PLACE) into ``rbuf``: 0, or an error code."""
+    fn = peek(cells + 8 * CELL_FN)
+    if fn == 0:
+        datatype, op = peek(cells + 8 * CELL_DATATYPE), peek(cells + 8 * CELL_OP)
+        return np.int64(mpi_allreduce(sbuf, rbuf, count, datatype, op, peek(cells + 8 * CELL_COMM)))
+    return call_fn(fn, cells, sbuf, rbuf, count)
+
+
+@numba.njit(cache=True)
+def again_in_place(work, cells):
+    """The call of ``cells`` in place on ``work``: 0, an error code, or STALE (nothing
+    sent) unless ``work`` is still what ``cells`` were made for."""
+    if (
+        not _usable(work, True)
+        or work.size != cells[CELL_COUNT]
+        or _dtype_number(work) != cells[CELL_DTYPE]
+    ):
+        return STALE
+    return run_cells(cells.ctypes.data, cells[CELL_IN_PLACE], work.ctypes.data, work.size)
+
+
+@numba.njit(cache=True)
+def again_from(work, source, cells):
+    """The call of ``cells`` from ``source`` into ``work``, as :func:`again_in_place`
+    (``source`` may be read-only)."""
+    if (
+        not _usable(work, True)
+        or not _usable(source, False)
+        or work.size != cells[CELL_COUNT]
+        or source.size != work.size
+        or _dtype_number(work) != cells[CELL_DTYPE]
+        or _dtype_number(source) != cells[CELL_DTYPE]
+    ):
+        return STALE
+    return run_cells(cells.ctypes.data, source.ctypes.data, work.ctypes.data, work.size)
 
 
 _SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
@@ -273,7 +354,7 @@ def _fits(array, descr, ndim, count, flags):
 
 @numba.njit(cache=True)
 def _source(send, in_place, in_place_c, descr, ndim, count):
-    """What MPI_Allreduce reads: MPI_IN_PLACE (``in_place_c``) where ``send`` is
+    """What the call reads: MPI_IN_PLACE (``in_place_c``) where ``send`` is
     ``in_place``, else the data of the array at ``send`` if it has dtype ``descr``,
     ``ndim`` dimensions and ``count`` elements, C-contiguous and aligned; 0 if not
     (neither MPI_IN_PLACE nor an array's data is 0)."""
@@ -286,9 +367,9 @@ def _source(send, in_place, in_place_c, descr, ndim, count):
 
 @numba.njit(cache=True)
 def _answer(err, none, failed, error_cell):
-    """What a builtin returns once MPI_Allreduce returned ``err``: None (a new
+    """What a builtin returns once the call returned ``err``: None (a new
     reference), or, with ``err`` written at ``error_cell``, what ``failed()``
-    returns (NULL: it raises MPI.Exception)."""
+    returns (NULL: it raises the call's error)."""
     if err == 0:
         py_incref(none)
         return none
@@ -307,7 +388,8 @@ def _call(holder, args, nargs, kwnames):
             send = peek(args)
             op = peek(args + 16) if nargs >= 3 else peek(table + 8 * SUM_OBJ)
             comm = peek(args + 24) if nargs == 4 else peek(table + 8 * NONE_OBJ)
-            count = peek(at + 8 * COUNT)
+            cells = peek(at + 8 * CELLS_AT)
+            count = peek(cells + 8 * CELL_COUNT)
             if (
                 peek(peek(peek(table + 8 * SETTINGS_NOW) + _ITEMS)) == peek(at + 8 * SETTINGS)
                 and peek(peek(table + 8 * TRACES) + _LEN) == 0
@@ -317,27 +399,25 @@ def _call(holder, args, nargs, kwnames):
                 and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
             ):
                 source = _source(send, peek(table + 8 * IN_PLACE_OBJ),
-                                 peek(table + 8 * IN_PLACE_C), peek(at + 8 * SEND_DESCR),
+                                 peek(cells + 8 * CELL_IN_PLACE), peek(at + 8 * SEND_DESCR),
                                  peek(at + 8 * SEND_NDIM), count)  # fmt: skip
                 if source != 0:
-                    err = mpi_allreduce(source, peek(recv + _DATA), count,
-                                        peek(at + 8 * DATATYPE), peek(at + 8 * OP),
-                                        peek(at + 8 * COMM))  # fmt: skip
-                    return _answer(err, peek(table + 8 * NONE_OBJ), peek(table + 8 * RAISE),
+                    err = run_cells(cells, source, peek(recv + _DATA), count)
+                    return _answer(err, peek(table + 8 * NONE_OBJ), peek(at + 8 * FAILED),
                                    table + 8 * ERROR)  # fmt: skip
     return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
 
 
 def _call_once(holder, args, nargs, kwnames):
     """A caller's C function: ``args`` are (work, source)."""
-    cells = peek(holder + _DATA)
+    own = peek(holder + _DATA)
     if kwnames == 0 and nargs == 2:
         work, source = peek(args), peek(args + 8)
-        count, descr = peek(cells + 8 * C_COUNT), peek(cells + 8 * C_DESCR)
-        sbuf = _source(source, work, peek(cells + 8 * C_IN_PLACE), descr, 1, count)
+        cells, descr = peek(own + 8 * C_CELLS), peek(own + 8 * C_DESCR)
+        count = peek(cells + 8 * CELL_COUNT)
+        sbuf = _source(source, work, peek(cells + 8 * CELL_IN_PLACE), descr, 1, count)
         if _fits(work, descr, 1, count, _WRITE) and sbuf != 0:
-            err = mpi_allreduce(sbuf, peek(work + _DATA), count, peek(cells + 8 * C_DATATYPE),
-                                peek(cells + 8 * C_OP), peek(cells + 8 * C_COMM))  # fmt: skip
-            return _answer(err, peek(cells + 8 * C_NONE), peek(cells + 8 * C_RAISE),
-                           cells + 8 * C_ERROR)  # fmt: skip
-    return py_vectorcall(peek(cells + 8 * C_PYTHON), args, nargs, kwnames)
+            err = run_cells(cells, sbuf, peek(work + _DATA), count)
+            return _answer(err, peek(own + 8 * C_NONE), peek(own + 8 * C_RAISE),
+                           own + 8 * C_ERROR)  # fmt: skip
+    return py_vectorcall(peek(own + 8 * C_PYTHON), args, nargs, kwnames)

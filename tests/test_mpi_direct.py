@@ -1,7 +1,8 @@
-"""ringmpi.Allreduce's C repeat of the library's call (ringmpi._direct), under MPI.
+"""ringmpi.Allreduce's C repeat (ringmpi._direct), under MPI.
 
-Every test runs auto as the ``mpi`` algorithm (the ``algorithm`` setting), the
-case the C function serves, and counts the calls that reached the Python
+Every test runs auto as one algorithm whose repeats the C function serves (the
+``algorithm`` setting): the library's call (``mpi``) and, most of them, also
+``shared_memory``'s loop. Each counts the calls that reached the Python
 function: a repeat must not (the C function ran it), anything it cannot prove
 unchanged must (and then gives the exact answer the Python path gives).
 """
@@ -9,6 +10,7 @@ unchanged must (and then gives the exact answer the Python path gives).
 from __future__ import annotations
 
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -24,10 +26,28 @@ WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 
 
+@pytest.fixture(params=["mpi", "shared_memory"])
+def through_python(request, settings):
+    """The calls that reached the Python function, as (nargs, keywords) pairs, with
+    auto as each algorithm the C function serves."""
+    yield from _counting(settings, request.param)
+
+
 @pytest.fixture
-def through_python(settings):
-    """The calls that reached the Python function, as (nargs, keywords) pairs."""
-    settings(algorithm="mpi")
+def through_python_mpi(settings):
+    """:func:`through_python` with auto as the library's call."""
+    yield from _counting(settings, "mpi")
+
+
+@pytest.fixture
+def through_python_shared(settings):
+    """:func:`through_python` with auto as shared_memory."""
+    yield from _counting(settings, "shared_memory")
+
+
+def _counting(settings, algorithm: str):
+    settings(algorithm=algorithm)
+    ringmpi.Allreduce  # noqa: B018 -- loads the API, which makes the builtin
     holder = _direct._state["holder"]
     python = holder.python
     seen: list[tuple[int, tuple[str, ...]]] = []
@@ -170,7 +190,7 @@ def test_a_read_only_sendbuf_is_read_in_c(through_python):
     agree(WORLD, problems)
 
 
-def test_entries_go_with_their_arrays_settings_and_traces(through_python, settings):
+def test_entries_go_with_their_arrays_settings_and_traces(request, through_python, settings):
     problems = []
     a = np.empty(16)
     for _ in range(3):
@@ -186,8 +206,8 @@ def test_entries_go_with_their_arrays_settings_and_traces(through_python, settin
         ringmpi.Allreduce(MPI.IN_PLACE, b)
     went = []
     for what in ("new settings", "again", "traced", "after the trace"):
-        if what == "new settings":
-            settings(algorithm="mpi")  # a new snapshot (the same choice)
+        if what == "new settings":  # a new snapshot (the same choice)
+            settings(algorithm=request.node.callspec.params["through_python"])
         start = len(through_python)
         b[...] = inputs(16, "float64", k=len(went))
         with ringmpi.trace() if what == "traced" else contextlib.nullcontext() as t:
@@ -204,7 +224,7 @@ def test_entries_go_with_their_arrays_settings_and_traces(through_python, settin
 
 @pytest.mark.skipif(mpi_family() == "MPICH", reason="MPICH's wheel is built without argument "
                     "checks: MPI_DATATYPE_NULL fails an assertion and aborts the job")  # fmt: skip
-def test_an_mpi_error_raises_on_every_rank(through_python):
+def test_an_mpi_error_raises_on_every_rank(through_python_mpi):
     """An entry whose datatype is MPI_DATATYPE_NULL (made by hand): MPI_Allreduce
     returns an error code, which the C function raises as MPI.Exception."""
     a = np.ones(4)
@@ -212,9 +232,9 @@ def test_an_mpi_error_raises_on_every_rank(through_python):
         ringmpi.Allreduce(MPI.IN_PLACE, a)
     ctx = ringmpi._comm.context(WORLD)
     cells = np.array([int(MPI.IN_PLACE), _capi.handle(MPI.DATATYPE_NULL), _capi.handle(MPI.SUM),
-                      _capi.handle(ctx.comm), 4, 0], np.int64)  # fmt: skip
+                      _capi.handle(ctx.comm), 4, 0, 0, 0], np.int64)  # fmt: skip
     _direct.install(MPI.IN_PLACE, a, MPI.SUM, None, cells, ringmpi._settings.current())
-    start = len(through_python)
+    start = len(through_python_mpi)
     problems = []
     try:
         ringmpi.Allreduce(MPI.IN_PLACE, a)
@@ -223,7 +243,42 @@ def test_an_mpi_error_raises_on_every_rank(through_python):
         # Intel MPI says the datatype is wrong, Open MPI that SUM is not defined on it
         if e.Get_error_class() not in (MPI.ERR_TYPE, MPI.ERR_OP):
             problems.append(f"error class {e.Get_error_class()}, not MPI_ERR_TYPE or MPI_ERR_OP")
-    if len(through_python) != start:
+    if len(through_python_mpi) != start:
         problems.append("the failed call went through Python")
     _direct._Entries().clear()
+    agree(WORLD, problems)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a timeout needs a rank to wait for")
+def test_a_timeout_in_c_names_the_rank_it_waited_for(through_python_shared, settings):
+    """shared_memory's loop run from C gives up on a rank that does not come, and
+    raises what the Python path raises: the RingMPIError naming that rank."""
+    through_python = through_python_shared
+    settings(algorithm="shared_memory", timeout=1.0)
+    comm = WORLD.Dup()  # a timeout breaks the communicator off: a fresh one
+    late, count, problems = SIZE - 1, 100, []
+    is_late = late == RANK
+    a = np.empty(count)
+    for k in range(3):
+        a[...] = inputs(count, "float64", k=k)
+        ringmpi.Allreduce(MPI.IN_PLACE, a, MPI.SUM, comm)
+    problems += mismatch("a repeat", a, expected(count, "float64", k=2))
+    start = len(through_python)
+    if is_late:
+        time.sleep(1.5)  # the others have given up by now
+    message = None
+    try:
+        ringmpi.Allreduce(MPI.IN_PLACE, a, MPI.SUM, comm)
+    except ringmpi.RingMPIError as e:
+        message = str(e)
+    if len(through_python) != start:
+        problems.append("the call went through Python")
+    if not is_late and (message is None or f"rank {late}" not in message
+                         or "(timeout)" not in message):  # fmt: skip
+        problems.append(f"the timeout does not name rank {late}: {message!r}")
+    if is_late and message:  # the others published before they gave up
+        problems.append(f"the late rank raised: {message}")
+    elif is_late:  # so it has their sum
+        problems += mismatch("the late rank's call", a, SIZE * expected(count, "float64", k=2))
+    comm.Free()
     agree(WORLD, problems)

@@ -32,8 +32,8 @@ __all__ = ["STALE", "Algorithm", "check", "engine_run", "fits", "get", "listing"
            "records", "register", "repeater", "unregister"]  # fmt: skip
 
 AlgorithmFn = Callable[..., None]
-# What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
-STALE = -1
+# What a direct call returns when it sent nothing (not an error code: those are >= 0).
+STALE = _direct.STALE
 # (nranks, rank, count, itemsize) -> this rank's plan (pure)
 PlanFn = Callable[[int, int, int, int], Plan]
 # (n bytes, p ranks, M nodes, largest node's ranks) -> {model constant: how many of it}
@@ -68,11 +68,13 @@ class Algorithm:
     # prepare(red, ctx, timeout) -> again(work, source): the call once more with the
     # least Python, for calls that repeat; None: a plan algorithm's engine repeat.
     prepare: Callable[..., Any] | None = None
-    # direct(red, ctx, count, timeout) -> (in_place, from, cells) or None: compiled
-    # calls the API's repeat path makes with no Python between, in_place(work, cells)
-    # and from(work, source, cells) (the arrays as the user passed them), each
-    # returning 0, an MPI error code or STALE (nothing sent: the arrays are no longer
-    # what ``cells`` were made for).
+    # direct(red, ctx, count, timeout) -> (in_place, from, cells) or None: the call
+    # prepared as cells (ringmpi._capi's CELL_* layout), which the API's C repeat
+    # path makes with no Python between, and in_place(work, cells) and
+    # from(work, source, cells) (the arrays as the user passed them), which make it
+    # from Python, each returning 0, an MPI error code or STALE (nothing sent: the
+    # arrays are no longer what ``cells`` were made for); an own algorithm's raise
+    # its own errors.
     direct: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None

@@ -37,6 +37,11 @@ piece's first number, and a rank raises its flag for a piece only after it
 has read all of the piece before. Buffers larger than a set go through in
 pieces of a set each.
 
+A call that repeats runs the loop from C (:func:`direct`): a C function per
+lanes dtype makes the arrays from the addresses in the call's cells and calls
+the loop, which the API's C repeat path (ringmpi._direct) reaches with no
+Python between.
+
 Each slot's header carries the count and the (op, dtype) code of the call:
 ranks that disagree all see it at the first piece and raise (no slot is read
 beyond the window's fixed size, whatever the counts). It needs every rank of
@@ -49,9 +54,19 @@ import math
 
 import numba
 import numpy as np
+from mpi4py import MPI
+from numba import types
 
-from .. import _trace
-from .._capi import handle, mpi_win_sync, store_release
+from .. import _direct, _trace
+from .._capi import (
+    CELL_IN_PLACE,
+    CELL_OWN,
+    as_voidptr,
+    handle,
+    mpi_win_sync,
+    peek,
+    store_release,
+)
 from .._comm import Context
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_in_order_by_code
@@ -60,7 +75,7 @@ from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "prepare", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "direct", "warm"]
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
@@ -183,12 +198,51 @@ def _allreduce(work, source, data, flags, params, divisor):
             return
 
 
+# A call's direct cells from _capi's CELL_OWN: (address, length) of the window as the
+# lanes' dtype, of its flags, of the params and of the divisor; lanes per element.
+(_D_DATA, _D_DATA_N, _D_FLAGS, _D_FLAGS_N, _D_PARAMS, _D_PARAMS_N, _D_DIVISOR, _D_DIVISOR_N,
+ _D_PER, _D_CELLS) = range(CELL_OWN, CELL_OWN + 10)  # fmt: skip
+_C_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
+_c_made: dict[np.dtype, int] = {}
+
+
+def _c_function(lanes: np.dtype) -> int:
+    """The address of the C function ``fn(cells, sbuf, rbuf, count)`` that runs the
+    loop on arrays of ``lanes`` (_capi's CELL_FN): 0, or the report's first cell
+    (its first use compiles it, or loads it from Numba's cache)."""
+    found = _c_made.get(lanes)
+    if found is None:
+        kind = numba.from_dtype(lanes)
+
+        def run(cells, sbuf, rbuf, count):
+            n = count * peek(cells + 8 * _D_PER)
+            if sbuf == peek(cells + 8 * CELL_IN_PLACE):
+                sbuf = rbuf
+            work = numba.carray(as_voidptr(rbuf), n, kind)
+            source = numba.carray(as_voidptr(sbuf), n, kind)
+            data = numba.carray(as_voidptr(peek(cells + 8 * _D_DATA)),
+                                peek(cells + 8 * _D_DATA_N), kind)  # fmt: skip
+            flags = numba.carray(as_voidptr(peek(cells + 8 * _D_FLAGS)),
+                                 peek(cells + 8 * _D_FLAGS_N), np.int64)  # fmt: skip
+            params = numba.carray(as_voidptr(peek(cells + 8 * _D_PARAMS)),
+                                  peek(cells + 8 * _D_PARAMS_N), np.int64)  # fmt: skip
+            divisor = numba.carray(as_voidptr(peek(cells + 8 * _D_DIVISOR)),
+                                   peek(cells + 8 * _D_DIVISOR_N), kind)  # fmt: skip
+            _allreduce(work, source, data, flags, params, divisor)
+            return params[_NPARAMS]
+
+        found = _c_made[lanes] = numba.cfunc(_C_SIGNATURE, cache=True)(run).address
+    return found
+
+
 def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``."""
+    """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``,
+    and the C function a repeat calls it through."""
     i64 = numba.typeof(np.zeros(1, np.int64))
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
         _allreduce.compile((arr, arr, arr, i64, i64, arr))
+        _c_function(np.dtype(dt))
 
 
 class _Node:
@@ -198,6 +252,7 @@ class _Node:
     def __init__(self, ctx: Context) -> None:
         self.win = None
         self.calls: dict[tuple[int, float], tuple] = {}  # (tag, timeout) -> _shape's
+        self.direct: dict[tuple[int, float, int], tuple] = {}  # (tag, timeout, count) -> direct's
 
     def open(self, ctx: Context, timeout: float) -> None:
         """Allocate the window (collective over the node, once)."""
@@ -223,6 +278,7 @@ class _Node:
 
     def free(self) -> None:
         self.calls.clear()
+        self.direct.clear()
         if self.win is None:
             return
         self.node.Barrier()  # nobody still reads it
@@ -253,37 +309,56 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
     return found
 
 
-def prepare(red: Reduction, ctx: Context, timeout: float = 0.0):
-    """``again(work, source)``: the all-reduce of ``red`` on ``ctx`` once more, for a
-    call that repeats (the same arrays each time): it calls the compiled loop's
-    entry point for their types, bound at the first call, past Numba's dispatcher."""
-    node, params, divisor, data, split = _shape(red, ctx, timeout)
-    flags, lanes, report = node.flags, red.lanes, params[_NPARAMS:]
-    entry = None
+def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+    """(in_place, from, cells): the loop once more on ``count`` elements, straight
+    from compiled code, for calls that repeat (the registry's ``direct``); the two
+    calls raise the loop's errors themselves. None for the half types (their own
+    record repeats as a plain call)."""
+    if red.half:
+        return None
+    node, params, divisor, data, _ = _shape(red, ctx, timeout)
+    key = (red.tag, timeout, count)
+    found = node.direct.get(key)
+    if found is None:
+        per = red.dtype.itemsize // data.itemsize
+        report, flags = params[_NPARAMS:], node.flags
 
-    def again(work: np.ndarray, source: np.ndarray) -> None:
-        nonlocal entry
-        if split:
-            work, source = lanes(work), lanes(source)
-        if entry is None:
-            args = (work, source, data, flags, params, divisor)
-            entry = _allreduce.compile(tuple(numba.typeof(a) for a in args))
-        entry(work, source, data, flags, params, divisor)
-        if report.item(0):
-            _raise(report, work, red, ctx, timeout)
+        def failed() -> None:
+            _raise(report, count * per, red, ctx, timeout)
 
-    return again
+        cells = np.zeros(_D_CELLS, np.int64)
+        cells[:CELL_OWN] = (int(MPI.IN_PLACE), 0, 0, 0, count, _direct.number(red.dtype),
+                         _c_function(data.dtype), id(failed))  # fmt: skip
+        cells[CELL_OWN:] = (data.ctypes.data, data.size, flags.ctypes.data, flags.size,
+                         params.ctypes.data, params.size, divisor.ctypes.data, divisor.size,
+                         per)  # fmt: skip
+
+        def in_place(work: np.ndarray, cells: np.ndarray) -> int:
+            err = _direct.again_in_place(work, cells)
+            if err > 0:
+                failed()
+            return err
+
+        def from_(work: np.ndarray, source: np.ndarray, cells: np.ndarray) -> int:
+            err = _direct.again_from(work, source, cells)
+            if err > 0:
+                failed()
+            return err
+
+        found = node.direct[key] = (in_place, from_, cells, failed)  # failed: kept
+    return found[:3]
 
 
-def _raise(report: np.ndarray, lanes: np.ndarray, red: Reduction, ctx: Context,
+def _raise(report: np.ndarray, lanes: int, red: Reduction, ctx: Context,
            timeout: float) -> None:  # fmt: skip
+    """Raise the error in the loop's ``report`` of a call of ``lanes`` lanes."""
     cells = report.copy()
     per = red.lanes(np.zeros(1, red.dtype)).size  # lanes per element: counts in elements
     if cells[0] == DISAGREE:  # x: the count another rank announced
         cells[3] //= per
     raise_from(cells, ctx, timeout,
                lambda piece: f"rank {ctx.rank}: shared_memory publish piece {piece}",
-               lambda r: f"rank {r}", count=lanes.size // per, tag=red.tag,
+               lambda r: f"rank {r}", count=lanes // per, tag=red.tag,
                waiting=lambda who, sliced: f"{who} to " + (
                    "fold its slice of the piece" if sliced else "publish its piece"))  # fmt: skip
 
@@ -302,7 +377,7 @@ def shared_memory_allreduce(
         into, frm = red.lanes(into), red.lanes(frm)
     _allreduce(into, frm, data, node.flags, params, divisor)
     if params.item(_NPARAMS):
-        _raise(params[_NPARAMS:], into, red, ctx, timeout)
+        _raise(params[_NPARAMS:], into.size, red, ctx, timeout)
     if _trace._active:
         isz = into.itemsize
         _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
@@ -330,6 +405,6 @@ SHARED_MEMORY = register(
     one_node=True,
     half=shared_memory_allreduce,
     state=_Node,
-    prepare=prepare,
+    direct=direct,
     warm=warm,
 )

@@ -237,12 +237,13 @@ def _c_function(lanes: np.dtype) -> int:
 
 def warm(kinds) -> None:
     """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``,
-    and the C function a repeat calls it through."""
+    the C function a repeat calls it through, and the C repeat's own two."""
     i64 = numba.typeof(np.zeros(1, np.int64))
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
         _allreduce.compile((arr, arr, arr, i64, i64, arr))
         _c_function(np.dtype(dt))
+    _direct.warm()
 
 
 class _Node:

@@ -281,8 +281,8 @@ def _dtype_number(work):
 
 @overload(_dtype_number)
 def _dtype_number_typed(work):
-    number = as_dtype(work.dtype).num
-    return lambda work: number
+    num = as_dtype(work.dtype).num
+    return lambda work: num
 
 
 @numba.njit(cache=True)

@@ -61,8 +61,8 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["STALE", "again_from", "again_in_place", "caller", "entry", "install", "number",
-           "run_cells", "warm"]  # fmt: skip
+__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "install",
+           "number", "run_cells", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -204,7 +204,7 @@ def caller(cells: np.ndarray, dtype: np.dtype, python: Callable[..., Any]) -> Ca
     holder.cells = cells  # kept: its address is in the cells
     holder[:C_ERROR] = [cells.ctypes.data, id(np.dtype(dtype)), id(None),
                         int(cells[CELL_RAISE]) or id(holder.failed)]  # fmt: skip
-    return _builtin("again", caller.__doc__, __name__, holder, _compiled(_call_once))
+    return _builtin("again", caller.__doc__, __name__, holder, compiled(_call_once))
 
 
 class _Entries:
@@ -229,8 +229,8 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
     if not in_place and type(sendbuf) is not np.ndarray:
         return
     method = holder.method
-    if method.meth != _compiled(_call):
-        method.meth = _compiled(_call)
+    if method.meth != compiled(_call):
+        method.meth = compiled(_call)
     slot = (id(recvbuf) >> 4) & (_SLOTS - 1)
     base = _HEADER + _WIDTH * slot
 
@@ -252,8 +252,8 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
 def warm() -> None:
     """Compile (or load from Numba's cache) the two C functions."""
-    _compiled(_call)
-    _compiled(_call_once)
+    compiled(_call)
+    compiled(_call_once)
 
 
 def _usable(array, written):
@@ -329,8 +329,9 @@ _SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
 _made: dict[Callable[..., Any], int] = {}
 
 
-def _compiled(fn: Callable[..., Any]) -> int:
-    """The address of C function ``fn`` (its first use compiles it, or loads it
+def compiled(fn: Callable[..., Any]) -> int:
+    """The address of C function ``fn``, ``int64 fn(int64, int64, int64, int64)`` (the
+    builtins' and an own algorithm's CELL_FN; its first use compiles it, or loads it
     from Numba's cache)."""
     found = _made.get(fn)
     if found is None:

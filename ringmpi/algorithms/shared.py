@@ -55,7 +55,6 @@ import math
 import numba
 import numpy as np
 from mpi4py import MPI
-from numba import types
 
 from .. import _direct, _trace
 from .._capi import (
@@ -202,7 +201,6 @@ def _allreduce(work, source, data, flags, params, divisor):
 # lanes' dtype, of its flags, of the params and of the divisor; lanes per element.
 (_D_DATA, _D_DATA_N, _D_FLAGS, _D_FLAGS_N, _D_PARAMS, _D_PARAMS_N, _D_DIVISOR, _D_DIVISOR_N,
  _D_PER, _D_CELLS) = range(CELL_OWN, CELL_OWN + 10)  # fmt: skip
-_C_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
 _c_made: dict[np.dtype, int] = {}
 
 
@@ -231,7 +229,7 @@ def _c_function(lanes: np.dtype) -> int:
             _allreduce(work, source, data, flags, params, divisor)
             return params[_NPARAMS]
 
-        found = _c_made[lanes] = numba.cfunc(_C_SIGNATURE, cache=True)(run).address
+        found = _c_made[lanes] = _direct.compiled(run)
     return found
 
 

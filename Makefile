@@ -1,7 +1,8 @@
 # ringmpi: `make run` and `make test` are all a fresh machine needs (Python 3.10+ with pip).
 #
 #   make run            venv + ringmpi with the embedded MPICH, then the default sweep at 4 ranks
-#   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5 ranks)
+#   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5
+#                       ranks, then mpi4py's own collective tests on wrapped communicators)
 #   make bench          the performance figures of docs/performance.md
 #   make lint           ruff check and format check
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
@@ -41,7 +42,7 @@ else
 MPIRUN := $(VENV)/bin/mpirun
 endif
 
-.PHONY: run test test-unit test-mpi bench lint format venv clean
+.PHONY: run test test-unit test-mpi test-mpi4py bench lint format venv clean
 
 venv: $(VENV)/.ok-run
 
@@ -58,7 +59,7 @@ $(VENV)/.ok-test: $(VENV)/.ok-run
 run: $(VENV)/.ok-run
 	$(MPIRUN) -n $(NP) $(PY) -m ringmpi.allreduce
 
-test: test-unit test-mpi
+test: test-unit test-mpi test-mpi4py
 
 # MPI-free: schedule, kernels (this also fills Numba's cache for every op and dtype),
 # the CLI and error paths that start mpirun themselves.
@@ -79,6 +80,26 @@ test-mpi: $(VENV)/.ok-test
 	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
 	done
 
+# mpi4py's own collective tests (tests/mpi4py_suite.py), from mpi4py's source release
+# (its test/ folder): every test that passes on the plain communicator at 1-4 ranks
+# must pass with the communicator wrapped in ringmpi.Comm.
+MPI4PY_RELEASE ?= 4.1.2
+MPI4PY_RANKS ?= 1 2 3 4
+MPI4PY_DIR := .mpi4py-tests/mpi4py-$(MPI4PY_RELEASE)
+
+$(MPI4PY_DIR)/test/main.py:
+	mkdir -p .mpi4py-tests
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: mpi4py==$(MPI4PY_RELEASE) -d .mpi4py-tests
+	tar -xzf .mpi4py-tests/mpi4py-$(MPI4PY_RELEASE).tar.gz -C .mpi4py-tests mpi4py-$(MPI4PY_RELEASE)/test
+	touch $@
+
+test-mpi4py: $(VENV)/.ok-test $(MPI4PY_DIR)/test/main.py
+	@for n in $(MPI4PY_RANKS); do \
+	  echo "== mpi4py $(MPI4PY_RELEASE)'s collective tests at $$n rank(s), plain and wrapped =="; \
+	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
+	    $(PY) tests/mpi4py_suite.py $(MPI4PY_DIR)/test || exit 1; \
+	done
+
 bench: $(VENV)/.ok-run
 	$(PY) -m ringmpi kernels
 	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3 --budget 0
@@ -93,7 +114,7 @@ format: $(VENV)/.ok-test
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf .venv .venv-* .pytest_cache .ruff_cache
+	rm -rf .venv .venv-* .pytest_cache .ruff_cache .mpi4py-tests
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 # --- Emulated hosts: network + UTS + IPC namespaces on this machine (docs/cluster.md). Root only.

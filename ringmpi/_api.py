@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import _direct, _settings, _trace, algorithms
+from . import _direct, _dlpack, _settings, _trace, algorithms
 from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
-from ._errors import RingMPIError
+from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
 from .kernels import Reduction, reduction
 
@@ -34,9 +34,14 @@ def Allreduce(
     """All-reduce ``sendbuf`` into ``recvbuf`` on every rank of ``comm``, like ``comm.Allreduce``.
 
     ``sendbuf`` is a NumPy array, an mpi4py buffer spec (``[buf, MPI.FLOAT]``,
-    ``[buf, count, MPI.FLOAT]``) or ``MPI.IN_PLACE``; ``recvbuf`` an array or a
-    buffer spec. ``comm`` None means ``MPI.COMM_WORLD``. ``algorithm`` is a name
-    from the registry (``"auto"``, ``"ring"``, ``"mpi"``). ``validate`` (default:
+    ``[buf, count, MPI.FLOAT]``), ``MPI.IN_PLACE`` or None (in place, as in mpi4py);
+    ``recvbuf`` an array or a buffer spec. A call ringmpi cannot carry out itself
+    (long double, MINLOC and user-defined ops, derived datatypes, GPU memory, an
+    inter-communicator) goes, under ``auto`` and ``"mpi"``, to the library's own
+    ``comm.Allreduce`` with the arguments as given; a named algorithm raises
+    :class:`TypeError` naming what it cannot do. ``comm`` None means
+    ``MPI.COMM_WORLD``. ``algorithm`` is a name from the registry (``"auto"``,
+    ``"ring"``, ``"mpi"``). ``validate`` (default:
     the ``RINGMPI_VALIDATE`` environment variable) first checks that every rank
     agrees on count, dtype, op and algorithm, and raises the same RingMPIError
     on every rank when they do not. ``timeout`` (seconds; default: the
@@ -60,13 +65,16 @@ def Allreduce(
             and not _TRACES
         ):
             if send_ref is None:
-                err = in_place(recvbuf, cells) if sendbuf is _IN_PLACE else _STALE
+                in_place_call = sendbuf is _IN_PLACE or sendbuf is None
+                err = in_place(recvbuf, cells) if in_place_call else _STALE
             else:
                 err = run(recvbuf, sendbuf, cells) if send_ref() is sendbuf else _STALE
             if not err:
                 return
             if err != _STALE:
                 raise MPI.Exception(err)
+    if sendbuf is None:  # mpi4py takes None as in place
+        sendbuf = MPI.IN_PLACE
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     found = _repeats.get(key)
     if found is not None and found is not hit:  # several calls on one recvbuf take turns
@@ -74,13 +82,57 @@ def Allreduce(
         return Allreduce(sendbuf, recvbuf, op, comm, algorithm=algorithm, validate=validate,
                          timeout=timeout, reproducible=reproducible)  # fmt: skip
     given = (key, sendbuf, recvbuf, op, comm)
-    comm = check_comm(comm)
+    call = _parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
+    if call.library:
+        _library_allreduce(sendbuf, recvbuf, op, call.comm, call.timeout)
+        return
+    done = _run(call.send, call.recv, call.count, call.red, call.comm, algorithm, call.validate,
+                call.timeout, call.ordered)  # fmt: skip
+    if done is not None:
+        _remember(given, call.send, call.recv, call.count, call.red, *done)
+
+
+class _Call(NamedTuple):
+    """A checked call: its arrays, reduction and settings; or, with ``library`` set,
+    one that goes to the MPI library's own collective with the arguments as given."""
+
+    comm: MPI.Comm
+    timeout: float
+    library: bool = False
+    send: np.ndarray | None = None
+    recv: np.ndarray | None = None
+    count: int = 0
+    red: Reduction | None = None
+    validate: bool = False
+    ordered: bool = False
+
+
+def _parse(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str, validate: bool | None,
+           timeout: float | None, reproducible: bool | None) -> _Call:  # fmt: skip
+    """Check an all-reduce's arguments (errors before any message). What ringmpi cannot
+    reduce itself (:class:`~ringmpi._errors.UnsupportedError`) goes to the library under
+    ``auto`` and ``mpi``; a named algorithm raises."""
     algorithms.lookup(algorithm)
     settings = _settings.current()
     waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
-    ordered = settings.reproducible if reproducible is None else bool(reproducible)
-    if validate is None:
-        validate = settings.validate
+    if isinstance(comm, MPI.Intercomm) and comm != MPI.COMM_NULL:
+        why = "comm is an inter-communicator"
+    else:
+        comm = check_comm(comm)
+        try:
+            return _arrays(sendbuf, recvbuf, op, comm, waits, settings, validate, reproducible)
+        except UnsupportedError as exc:
+            why = str(exc)  # not the exception: its frames hold views of the buffers
+    if algorithm not in ("auto", "mpi"):
+        raise UnsupportedError(
+            f"{why}; algorithm {algorithm!r} cannot run this call (auto and 'mpi' hand it "
+            "to the MPI library's own collective)"
+        ) from None
+    return _Call(comm, waits, library=True)
+
+
+def _arrays(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Intracomm, waits: float, settings,
+            validate: bool | None, reproducible: bool | None) -> _Call:  # fmt: skip
     recv = _as_array(recvbuf, "recvbuf")
     if not recv.flags.writeable:
         raise ValueError(f"recvbuf is read-only{_kind(recvbuf)}")
@@ -102,9 +154,30 @@ def Allreduce(
         if np.may_share_memory(send, recv):
             raise ValueError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE as sendbuf instead")
     red = reduction(op, recv.dtype)
-    done = _run(send, recv, count, red, comm, algorithm, validate, waits, ordered)
-    if done is not None:
-        _remember(given, send, recv, count, red, *done)
+    ordered = settings.reproducible if reproducible is None else bool(reproducible)
+    checked = settings.validate if validate is None else validate
+    return _Call(comm, waits, False, send, recv, count, red, checked, ordered)
+
+
+def _library_allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Comm,
+                       timeout: float) -> None:  # fmt: skip
+    """The library's own all-reduce on the user's communicator, the arguments as given
+    (a call ringmpi cannot carry out itself). With a timeout, the nonblocking one,
+    polled: MPI does not say which rank it waits for."""
+    if _trace._active:
+        _trace.record_call()
+    if not timeout:
+        MPI.Comm.Allreduce(comm, sendbuf, recvbuf, op)
+        return
+    req = MPI.Comm.Iallreduce(comm, sendbuf, recvbuf, op)
+    start = time.monotonic()
+    while not req.Test():
+        if time.monotonic() - start > timeout:
+            raise RingMPIError(
+                f"rank {comm.Get_rank()}: the library's MPI_Iallreduce: waited {timeout:g} s "
+                "for the other ranks (MPI does not say which) without progress (timeout)"
+            )
+        time.sleep(0.0005)
 
 
 # What users call: a builtin that runs repeats of the library's call from C
@@ -168,10 +241,20 @@ class Comm(MPI.Intracomm):
         Allreduce(sendbuf, recvbuf, op, self)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
-        """A NumPy array goes through ringmpi; any other object through mpi4py's pickle path."""
-        if isinstance(sendobj, np.ndarray):
+        """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and
+        an op or dtype it does not reduce) through mpi4py's pickle path."""
+        if isinstance(sendobj, np.ndarray) and _reduces(op, sendobj.dtype):
             return allreduce(sendobj, op, self)
         return super().allreduce(sendobj, op)
+
+
+def _reduces(op: Any, dtype: np.dtype) -> bool:
+    """Whether ringmpi reduces ``op`` on ``dtype`` itself."""
+    try:
+        reduction(op, dtype)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 # --- internals -----------------------------------------------------------------
@@ -205,14 +288,22 @@ def _from_spec(spec: list | tuple, name: str) -> np.ndarray:
         count, displ = middle[0]
     else:
         count, displ = (middle[0] if middle else None), 0
+    if data is None or data is MPI.BOTTOM:  # addresses in the datatype: the library's
+        raise UnsupportedError(
+            f"{name}: a buffer spec on MPI.BOTTOM (or None) names its memory "
+            "by the datatype's addresses"
+        )
     raw = _bytes_of(data, name)
     if datatype is None:
         dt = _view(data, name).dtype if not isinstance(data, np.ndarray) else data.dtype
     elif isinstance(datatype, MPI.Datatype):
+        if not datatype.is_predefined:  # vector, struct, ...: the library's
+            raise UnsupportedError(f"{name}: a derived MPI datatype (ringmpi reduces "
+                                   "predefined ones)")  # fmt: skip
         try:
             dt = dtlib.to_numpy_dtype(datatype)
         except (ValueError, TypeError) as exc:
-            raise TypeError(f"{name}: MPI datatype has no NumPy equivalent: {exc}") from None
+            raise UnsupportedError(f"{name}: MPI datatype has no NumPy equivalent: {exc}") from None
     elif isinstance(datatype, str):
         try:
             dt = np.dtype(datatype)
@@ -276,24 +367,26 @@ def _view(buf: Any, name: str) -> np.ndarray:
         try:
             return np.asarray(view)
         except (TypeError, ValueError, NotImplementedError) as exc:
-            raise TypeError(f"{name}: NumPy cannot view this {kind}'s buffer: {exc}") from None
+            raise UnsupportedError(
+                f"{name}: NumPy cannot view this {kind}'s buffer: {exc}"
+            ) from None
     if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
         device, index = buf.__dlpack_device__()
         if device != _DLPACK_CPU:
             where = _DLPACK_DEVICES.get(int(device), f"type {int(device)}")
-            raise TypeError(
+            raise UnsupportedError(
                 f"{name}: this {kind} is in {where} device memory (DLPack device {int(device)}, "
                 f"{index}); ringmpi reduces CPU memory only and has no CUDA-aware path: copy "
                 "it to the CPU, reduce, copy back (PyTorch: t.cpu(), then t.copy_())"
             )
         try:
-            return np.from_dlpack(buf)
+            return _dlpack.view(buf)
         except (BufferError, TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(
+            raise UnsupportedError(
                 f"{name}: NumPy cannot view this {kind} through DLPack: {exc}"
             ) from None
     if hasattr(buf, "__cuda_array_interface__"):
-        raise TypeError(
+        raise UnsupportedError(
             f"{name}: this {kind} is in GPU memory (__cuda_array_interface__); ringmpi "
             "reduces CPU memory only and has no CUDA-aware path: copy it to the CPU first"
         )

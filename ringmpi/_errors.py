@@ -10,12 +10,20 @@ from typing import Any
 
 from mpi4py import MPI
 
-__all__ = ["RingMPIError", "abort_on_error"]
+__all__ = ["RingMPIError", "UnsupportedError", "abort_on_error"]
 
 
 class RingMPIError(RuntimeError):
     """An error found while communicating: ranks that disagree, a message that does not
     fit, a rank that made no progress within the timeout."""
+
+
+class UnsupportedError(TypeError):
+    """A call ringmpi cannot carry out itself but the MPI library may: a dtype or op
+    it does not implement, memory it cannot read (a GPU's), a datatype with no NumPy
+    equivalent, an inter-communicator. ``algorithm="auto"`` and ``"mpi"`` hand such a
+    call to the library's own collective, with the arguments as given; a named
+    algorithm raises this."""
 
 
 def abort_on_error(comm: Any = None, code: int = 1, grace: float = 0.5) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _ops
+from ._errors import UnsupportedError
 from ._half import HALF_NAMES, half_kind
 from ._ops import (
     OP_BAND,
@@ -110,11 +111,21 @@ _OPS: tuple[_OpSpec, ...] = (
 OPS: tuple[str, ...] = tuple(spec.name for spec in _OPS)
 
 
+# MPI's predefined ops that ringmpi leaves to the library (named in its message).
+_LIBRARY_OPS = ("MINLOC", "MAXLOC", "REPLACE", "NO_OP")
+
+
 def _spec_of(op: object) -> _OpSpec:
     for spec in _OPS:
         if op is spec.op or (isinstance(op, MPI.Op) and op == spec.op):
             return spec
     known = ", ".join(f"MPI.{s.name.upper()}" for s in _OPS if s.op is not AVG)
+    if isinstance(op, MPI.Op):  # MINLOC, a user's MPI.Op.Create, ...: the library's
+        named = [f"MPI.{n}" for n in _LIBRARY_OPS if op == getattr(MPI, n)]
+        what = named[0] if named else "a user-defined MPI.Op"
+        raise UnsupportedError(
+            f"op {what} is not one ringmpi reduces (it does: {known}, ringmpi.AVG)"
+        )
     raise ValueError(f"op: unknown reduction operation {op!r} (known: {known}, ringmpi.AVG)")
 
 
@@ -268,7 +279,7 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
         return _half_reduction(op, spec, dt, half, quick, key)
     if dt not in DTYPES or not dt.isnative:
         names = ", ".join([*(d.name for d in DTYPES), *HALF_NAMES])
-        raise TypeError(f"dtype {dt} is not supported by ringmpi (supported: {names})")
+        raise UnsupportedError(f"dtype {dt} is not supported by ringmpi (supported: {names})")
     if dt not in spec.dtypes:
         allowed = ", ".join(d.name for d in spec.dtypes)
         raise TypeError(

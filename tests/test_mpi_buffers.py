@@ -236,14 +236,14 @@ class _ReadOnlyExport:
 
 BAD = [
     pytest.param(
-        lambda: ringmpi.Allreduce(MPI.IN_PLACE, _Device(2)),
+        lambda: ringmpi.Allreduce(MPI.IN_PLACE, _Device(2), algorithm="ring"),
         TypeError,
         r"recvbuf: this _Device is in CUDA device memory \(DLPack device 2, 0\); ringmpi "
         "reduces CPU memory only and has no CUDA-aware path",
         id="dlpack-cuda",
     ),
     pytest.param(
-        lambda: ringmpi.Allreduce(_Device(10), np.empty(4)),
+        lambda: ringmpi.Allreduce(_Device(10), np.empty(4), algorithm="ring"),
         TypeError,
         "sendbuf: this _Device is in ROCm device memory",
         id="dlpack-rocm-sendbuf",
@@ -255,7 +255,7 @@ BAD = [
         id="dlpack-cuda-in-many",
     ),
     pytest.param(
-        lambda: ringmpi.Allreduce(MPI.IN_PLACE, _CudaArrayInterface()),
+        lambda: ringmpi.Allreduce(MPI.IN_PLACE, _CudaArrayInterface(), algorithm="ring"),
         TypeError,
         r"recvbuf: this _CudaArrayInterface is in GPU memory \(__cuda_array_interface__\)",
         id="cuda-array-interface",
@@ -303,7 +303,7 @@ BAD = [
         id="spec-negative-count",
     ),
     pytest.param(
-        lambda: ringmpi.Allreduce(MPI.IN_PLACE, array.array("u", "ab")),
+        lambda: ringmpi.Allreduce(MPI.IN_PLACE, array.array("u", "ab"), algorithm="ring"),
         TypeError,
         "dtype <U1 is not supported",
         id="array-of-unicode",

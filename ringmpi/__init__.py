@@ -6,6 +6,7 @@
     import ringmpi
 
     ringmpi.Allreduce(MPI.IN_PLACE, grads, op=ringmpi.AVG)   # like comm.Allreduce
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, grads); req.Wait() # like comm.Iallreduce
     total = ringmpi.allreduce(x)                              # a new array
     ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
@@ -24,6 +25,7 @@ __all__ = [
     "AVG",
     "Allreduce",
     "Comm",
+    "Iallreduce",
     "RingMPIError",
     "Trace",
     "abort_on_error",
@@ -42,6 +44,7 @@ _WHERE = {
     "AVG": "kernels",
     "Allreduce": "_api",
     "Comm": "_api",
+    "Iallreduce": "_api",
     "RingMPIError": "_errors",
     "Trace": "_trace",
     "abort_on_error": "_errors",
@@ -54,7 +57,7 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
-    from ._api import Allreduce, Comm, allreduce, warm
+    from ._api import Allreduce, Comm, Iallreduce, allreduce, warm
     from ._errors import RingMPIError, abort_on_error
     from ._settings import configure, configured
     from ._trace import Trace, trace

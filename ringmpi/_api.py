@@ -10,14 +10,14 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
-from . import _direct, _dlpack, _settings, _trace, algorithms
+from . import _direct, _dlpack, _progress, _settings, _trace, algorithms
 from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
 from .kernels import Reduction, reduction
 
-__all__ = ["Allreduce", "Comm", "allreduce", "warm"]
+__all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "warm"]
 
 
 def Allreduce(
@@ -204,6 +204,51 @@ def allreduce(
     return result
 
 
+def Iallreduce(
+    sendbuf: Any,
+    recvbuf: Any,
+    op: Any = MPI.SUM,
+    comm: MPI.Intracomm | None = None,
+    *,
+    algorithm: str = "auto",
+    validate: bool | None = None,
+    timeout: float | None = None,
+    reproducible: bool | None = None,
+) -> MPI.Request:
+    """Start :func:`Allreduce` and return its request, like ``comm.Iallreduce``.
+
+    The arguments are checked here (errors raise before any message); the call
+    then runs on the communicator's progress thread, in the order the calls were
+    made, while this thread goes on. ``Wait``/``Test`` on the request (or
+    ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
+    error (a timeout, ranks that disagree) with the blocking call's message.
+    Leave the buffers alone until then. A blocking call on the same communicator
+    first waits for the nonblocking ones started before it. Where MPI was not
+    initialized with MPI_THREAD_MULTIPLE, and for what ringmpi cannot reduce
+    itself, the call goes to the library's own ``comm.Iallreduce`` (the former
+    with a warning, once).
+    """
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    call = _parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
+    if not call.library and not _progress.threads_allowed():
+        _progress.warn_no_threads()
+        call = call._replace(library=True)
+    if call.library:
+        return MPI.Comm.Iallreduce(call.comm, sendbuf, recvbuf, op)
+    return _progress.start(context(call.comm, call.timeout), _job(call, algorithm))
+
+
+def _job(call: _Call, algorithm: str, then=None) -> _progress.Job:
+    """The progress thread's job for a checked call (it holds the arrays until done)."""
+
+    def run() -> None:
+        _run(call.send, call.recv, call.count, call.red, call.comm, algorithm, call.validate,
+             call.timeout, call.ordered)  # fmt: skip
+
+    return _progress.Job(run, then)
+
+
 def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None, *,
          timeout: float | None = None) -> float:  # fmt: skip
     """Compile (or load from Numba's cache) every algorithm's loops for ``op`` on
@@ -226,7 +271,8 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
 
 
 class Comm(MPI.Intracomm):
-    """An mpi4py intracommunicator whose ``Allreduce``/``allreduce`` go through ringmpi.
+    """An mpi4py intracommunicator whose ``Allreduce``/``Iallreduce``/``allreduce`` go
+    through ringmpi.
 
     It is the same MPI communicator (a new Python handle to it), so every other
     method and attribute is the wrapped communicator's own::
@@ -239,6 +285,9 @@ class Comm(MPI.Intracomm):
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
         Allreduce(sendbuf, recvbuf, op, self)
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:  # type: ignore[override]
+        return Iallreduce(sendbuf, recvbuf, op, self)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
         """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and
@@ -409,6 +458,8 @@ def _run(
 ):
     """Run the call; returns (context, algorithm, timeout) unless it was validated."""
     ctx = context(comm, timeout)
+    if ctx.progress is not None:  # the nonblocking calls started before this one run first
+        ctx.progress.drain()
     if ctx.broken is not None:
         raise RingMPIError(ctx.broken)
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red, reproducible)
@@ -546,6 +597,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
             or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
         and not _trace._active  # a traced call takes the full path, to be recorded
+        and ctx.progress is None  # a call after nonblocking ones waits for them first
     )
     if not simple:
         return

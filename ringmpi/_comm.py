@@ -57,6 +57,7 @@ class Context:
         self.broken: str | None = None
         self.engine = None  # the step engine's requests and call shapes (ringmpi._engine)
         self.tuner = None  # auto's tuned choices (ringmpi.algorithms.tuner)
+        self.progress = None  # the nonblocking calls' thread (ringmpi._progress)
         # (algorithm, op, dtype) whose compiled loops this rank has loaded
         self.warmed: set[tuple[str, str, str]] = set()
         self._states: dict[str, object] = {}  # algorithm name -> its state
@@ -152,6 +153,9 @@ class Context:
         return self._scratch[:nbytes]
 
     def free(self) -> None:
+        if self.progress is not None:  # its queued calls run first
+            self.progress.free()
+            self.progress = None
         _cache.changed()
         for state in reversed(list(self._states.values())):
             state.free()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "Trace", "TrialCall", "Tuned", "trace"]
+__all__ = ["Event", "Trace", "TrialCall", "Tuned", "open_here", "recording_for", "trace"]
 
 
 @dataclass(frozen=True)
@@ -74,41 +75,50 @@ class Trace:
         return len({(e.call, e.phase, e.step) for e in self.events})
 
 
-# The traces open on this rank; the executors append to each. Empty almost always,
-# so the hot path pays one truth test per step.
+# The traces open on this rank, in any thread: empty almost always, so the hot path
+# pays one truth test per step. What a thread records goes to its own (_mine): the
+# traces it opened, or, on a progress thread, those open where its call started.
 _active: list[Trace] = []
+_local = threading.local()
+
+
+def _mine() -> list[Trace]:
+    found = getattr(_local, "traces", None)
+    if found is None:
+        found = _local.traces = []
+    return found
 
 
 def record(
     algorithm: str, phase: str, step: int, peer: int, nbytes: int, messages: int = 1
 ) -> None:
     """Record what one step sent to one peer (called by the algorithms)."""
-    for t in _active:
+    for t in _mine():
         t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes, messages))
 
 
 def record_shared(written: int, read: int) -> None:
     """Record one call's traffic through node shared memory (stores and loads, bytes)."""
-    for t in _active:
+    for t in _mine():
         t.shared_written += written
         t.shared_read += read
 
 
 def record_trial(size_class: int, algorithm: str, seconds: float, timed: bool) -> None:
     """Record one trial call of auto's tuner."""
-    for t in _active:
+    for t in _mine():
         t.trials.append(TrialCall(t.calls - 1, size_class, algorithm, seconds, timed))
 
 
 def record_tuned(size_class: int, algorithm: str, seconds: dict[str, float]) -> None:
     """Record a size class the tuner settled."""
-    for t in _active:
+    for t in _mine():
         t.tuned.append(Tuned(t.calls - 1, size_class, algorithm, dict(seconds)))
 
 
 def record_call() -> None:
     """Mark the start of a call (the API does this once per collective)."""
-    for t in _active:
+    for t in _mine():
         t.calls += 1
 
 
@@ -122,7 +132,31 @@ def trace() -> Iterator[Trace]:
     """
     t = Trace()
     _active.append(t)
+    _mine().append(t)
     try:
         yield t
     finally:
+        _mine().remove(t)
         _active.remove(t)
+
+
+def open_here() -> list[Trace]:
+    """The traces open in this thread (a nonblocking call records into these)."""
+    return list(_mine()) if _active else []
+
+
+@contextmanager
+def recording_for(traces: list[Trace]) -> Iterator[None]:
+    """Record this thread's calls into ``traces`` (those open where a nonblocking call
+    started) for the block."""
+    if not traces:
+        yield
+        return
+    _local.traces = traces
+    _active.extend(traces)
+    try:
+        yield
+    finally:
+        for t in traces:
+            _active.remove(t)
+        _local.traces = []

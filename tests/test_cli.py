@@ -254,3 +254,25 @@ def test_bad_node_settings_end_the_job():
     p = run(2, "--ranks-per-node", "0", timeout=120)
     assert p.returncode == 2
     assert "ranks_per_node must be a whole number >= 1" in p.stderr
+
+
+_NO_THREADS = """
+import warnings, numpy as np
+from mpi4py import MPI
+import ringmpi
+x = np.full(4, MPI.COMM_WORLD.Get_rank() + 1.0)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, x)
+req.Wait()
+if MPI.COMM_WORLD.Get_rank() == 0:
+    print(type(req).__name__, x.tolist(), [str(m.message)[:36] for m in w])
+"""
+
+
+def test_iallreduce_without_thread_multiple_falls_back_with_a_warning():
+    cmd = [*_mpirun(), "-n", "2", PY, "-c", _NO_THREADS]
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "MPI4PY_RC_THREAD_LEVEL": "serialized"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    want = "Request [3.0, 3.0, 3.0, 3.0] ['ringmpi: MPI was initialized without']"
+    assert out.stdout.strip().splitlines()[-1:] == [want], out.stdout + out.stderr

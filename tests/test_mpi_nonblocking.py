@@ -1,0 +1,157 @@
+"""Iallreduce: the all-reduce on the communicator's progress thread, behind an MPI request.
+
+Every result is checked exactly (verify's inputs), for each algorithm, op and
+dtype family, sizes from 0 to large, several calls in flight at once, mixed with
+MPI's own requests and with blocking calls on the same communicator.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from conftest import agree
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import _progress, verify
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+SIZES = [0, 1, SIZE + 1, 1009, 1 << 18]
+
+
+def inputs(count: int, dtype: str = "float64", op=MPI.SUM, k: int = 0) -> np.ndarray:
+    return (verify.verify_inputs(op, dtype, RANK, count) + k).astype(dtype)
+
+
+def expected(count: int, dtype: str = "float64", op=MPI.SUM, k: int = 0) -> np.ndarray:
+    return (verify.verify_expected(op, dtype, SIZE, count) + k * SIZE).astype(dtype)
+
+
+def mismatch(what: str, got: np.ndarray, want: np.ndarray) -> list[str]:
+    if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+        return [f"{what}: got {got.ravel()[:4]}..., expected {want.ravel()[:4]}..."]
+    return []
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "ring", "recursive_doubling", "shared_memory",
+                                       "mpi"])  # fmt: skip
+@pytest.mark.parametrize(("op", "dtype"), [(MPI.SUM, "float64"), (MPI.SUM, "int32"),
+                                           (MPI.MAX, "float32"), (MPI.PROD, "int64")])  # fmt: skip
+def test_results_are_exact(algorithm, op, dtype):
+    problems = []
+    for count in SIZES:
+        for k in range(2):  # each call twice: the second repeats the first
+            send = inputs(count, dtype, op, k if op == MPI.SUM else 0)
+            recv = np.empty(count, dtype)
+            req = ringmpi.Iallreduce(send, recv, op, algorithm=algorithm)
+            req.Wait()
+            want = expected(count, dtype, op, k if op == MPI.SUM else 0)
+            problems += mismatch(f"{count} {dtype} call {k}", recv, want)
+    agree(WORLD, problems)
+
+
+def test_many_in_flight_with_mpi_requests_and_blocking_calls():
+    bufs = [inputs(n, k=k) for k, n in enumerate([7, 1 << 16, 3, 1 << 12, 0])]
+    reqs: list[MPI.Request] = [ringmpi.Iallreduce(MPI.IN_PLACE, b) for b in bufs]
+    theirs = np.full(5, RANK + 1.0)
+    reqs.append(WORLD.Iallreduce(MPI.IN_PLACE, theirs))
+    # a blocking call on the same communicator runs after the ones started before it
+    blocking = inputs(100, k=9)
+    ringmpi.Allreduce(MPI.IN_PLACE, blocking)
+    more = inputs(1 << 14, k=4)
+    reqs.append(ringmpi.Comm(WORLD).Iallreduce(None, more))
+    MPI.Request.Waitall(reqs)
+    problems = []
+    for k, (n, b) in enumerate(zip([7, 1 << 16, 3, 1 << 12, 0], bufs, strict=True)):
+        problems += mismatch(f"call {k}", b, expected(n, k=k))
+    problems += mismatch("MPI's request", theirs, np.full(5, SIZE * (SIZE + 1) / 2))
+    problems += mismatch("blocking", blocking, expected(100, k=9))
+    problems += mismatch("via Comm", more, expected(1 << 14, k=4))
+    problems += [] if all(r == MPI.REQUEST_NULL for r in reqs) else ["a request is not null"]
+    agree(WORLD, problems)
+
+
+def test_test_completes_it():
+    buf = inputs(1 << 15)
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, buf)
+    start, done = time.monotonic(), False
+    while not done and time.monotonic() - start < 60:
+        done = req.Test()
+    problems = [] if done else ["Test never returned True"]
+    problems += [] if req == MPI.REQUEST_NULL else ["the request is not null after Test"]
+    agree(WORLD, problems + mismatch("Test", buf, expected(1 << 15)))
+
+
+def test_a_trace_counts_the_calls_started_inside_it():
+    count = 64 * SIZE  # even chunks: the ring's closed form is exact
+    buf = inputs(count, "float32")
+    with ringmpi.trace() as t:
+        req = ringmpi.Iallreduce(MPI.IN_PLACE, buf, algorithm="ring")
+    before = ringmpi.Iallreduce(MPI.IN_PLACE, inputs(count, "float32"), algorithm="ring")
+    with ringmpi.trace() as later:  # opened after: counts nothing of the calls before it
+        req.Wait()
+        before.Wait()
+    want = (1, 2 * (SIZE - 1) * count // SIZE * 4, 2 * (SIZE - 1))
+    got = (t.calls, t.bytes_sent, t.steps)
+    problems = [] if got == want else [f"(calls, bytes, steps) {got}, expected {want}"]
+    problems += [] if later.calls == 0 and not later.events else [f"later counted {later}"]
+    agree(WORLD, problems + mismatch("traced", buf, expected(count, "float32")))
+
+
+def test_bad_input_raises_at_the_call():
+    recv = np.ones(4)
+    recv.flags.writeable = False
+    with pytest.raises(ValueError, match="recvbuf is read-only"):
+        ringmpi.Iallreduce(MPI.IN_PLACE, recv)
+    with pytest.raises(TypeError, match="same"):
+        ringmpi.Iallreduce(np.ones(4), np.ones(4, np.float32))
+
+
+def test_what_ringmpi_cannot_reduce_goes_to_the_library():
+    x = np.arange(5, dtype=np.longdouble) + RANK
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, x)
+    problems = [] if type(req) is MPI.Request else [f"a {type(req).__name__}"]
+    req.Wait()
+    want = SIZE * np.arange(5, dtype=np.longdouble) + SIZE * (SIZE - 1) // 2
+    problems += [] if np.array_equal(x, want) else [f"long double: got {x}, expected {want}"]
+    agree(WORLD, problems)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a rank must be late")
+def test_a_timeout_surfaces_at_wait_naming_the_rank():
+    comm = WORLD.Dup()  # a timeout breaks the communicator off: a fresh one (kept)
+    late = SIZE - 1
+    buf = inputs(1000)
+    ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm).Wait()  # sets the communicator up
+    buf = inputs(1000)
+    message = None
+    if late == RANK:
+        time.sleep(1.5)  # the others have given up by now
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm, timeout=1.0)
+    try:
+        req.Wait()
+    except ringmpi.RingMPIError as e:
+        message = str(e)
+    problems = []
+    if late != RANK and (message is None or f"rank {late}" not in message
+                         or "(timeout)" not in message):  # fmt: skip
+        problems.append(f"the timeout does not name rank {late}: {message!r}")
+    WORLD.Barrier()
+    agree(WORLD, problems)
+
+
+def test_the_progress_thread_ends_with_the_communicator():
+    comm = WORLD.Dup()
+    buf = inputs(100)
+    ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm).Wait()
+    threads = _progress.threading.enumerate()
+    before = sum(1 for t in threads if t.name == "ringmpi-progress")
+    comm.Free()
+    after = sum(1 for t in _progress.threading.enumerate() if t.name == "ringmpi-progress")
+    problems = [] if after == before - 1 else [f"progress threads {before} -> {after}"]
+    agree(WORLD, problems + mismatch("freed", buf, expected(100)))

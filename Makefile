@@ -3,6 +3,7 @@
 #   make run            venv + ringmpi with the embedded MPICH, then the default sweep at 4 ranks
 #   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5
 #                       ranks, then mpi4py's own collective tests on wrapped communicators)
+#   make test-torch     PyTorch from PyPI, then the DDP hook's tests (ringmpi.torch)
 #   make bench          the performance figures of docs/performance.md
 #   make lint           ruff check and format check
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
@@ -42,7 +43,7 @@ else
 MPIRUN := $(VENV)/bin/mpirun
 endif
 
-.PHONY: run test test-unit test-mpi test-mpi4py bench lint format venv clean
+.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench lint format venv clean
 
 venv: $(VENV)/.ok-run
 
@@ -75,7 +76,7 @@ test-mpi: $(VENV)/.ok-test
 	  n=$${run%%:*}; what=$${run#*:}; \
 	  echo "== $$what at $$n rank(s) =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m mpi $$what \
+	    $(PY) -m pytest --with-mpi -m "mpi and not torch" $$what \
 	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
 	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
 	done
@@ -98,6 +99,23 @@ test-mpi4py: $(VENV)/.ok-test $(MPI4PY_DIR)/test/main.py
 	  echo "== mpi4py $(MPI4PY_RELEASE)'s collective tests at $$n rank(s), plain and wrapped =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
 	    $(PY) tests/mpi4py_suite.py $(MPI4PY_DIR)/test || exit 1; \
+	done
+
+# ringmpi.torch's DDP hook against DDP's own all-reduce (tests/test_mpi_torch.py) at
+# 1-3 ranks. torch from PyPI: on Linux x86-64 its wheel brings the CUDA libraries
+# (about 5 GB in the venv); a CPU build of the same version installed first is kept.
+TORCH ?= torch==2.13.0
+TORCH_RANKS ?= 1 2 3
+
+$(VENV)/.ok-torch: $(VENV)/.ok-test
+	$(PY) -m pip install --quiet '$(TORCH)'
+	touch $@
+
+test-torch: $(VENV)/.ok-torch
+	@for n in $(TORCH_RANKS); do \
+	  echo "== tests/test_mpi_torch.py at $$n rank(s) =="; \
+	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
+	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py || exit 1; \
 	done
 
 bench: $(VENV)/.ok-run

@@ -239,6 +239,24 @@ def Iallreduce(
     return _progress.start(context(call.comm, call.timeout), _job(call, algorithm))
 
 
+def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then) -> None:
+    """An in-place all-reduce of ``recvbuf`` on the progress thread, which calls
+    ``then(error)`` (None when it succeeded) once it is done: for callers that hold a
+    future rather than an MPI request. Runs it at once, on this thread, where
+    Iallreduce would go to the library."""
+    call = _parse(MPI.IN_PLACE, recvbuf, op, comm, "auto", None, None, None)
+    if call.library or not _progress.threads_allowed():
+        try:
+            Allreduce(MPI.IN_PLACE, recvbuf, op, comm)
+        except Exception as exc:  # the future carries it
+            then(exc)
+        else:
+            then(None)
+        return
+    job = _job(call, "auto", lambda done: then(done.error))
+    _progress.start(context(call.comm, call.timeout), job, request=False)
+
+
 def _job(call: _Call, algorithm: str, then=None) -> _progress.Job:
     """The progress thread's job for a checked call (it holds the arrays until done)."""
 

@@ -1,0 +1,65 @@
+"""PyTorch: a DistributedDataParallel communication hook that averages through ringmpi.
+
+::
+
+    ringmpi.torch.init_process_group()               # Gloo, from mpirun's ranks
+    model = DistributedDataParallel(model)          # its Gloo process group, as before
+    model.register_comm_hook(MPI.COMM_WORLD, ringmpi.torch.allreduce_hook)
+
+DDP keeps its process group for everything else (broadcasting the first
+weights, buffers); each gradient bucket is averaged by ringmpi's nonblocking
+all-reduce instead, on the progress thread, while backward goes on. The
+communicator's ranks must be the process group's, in the same order
+(``MPI.COMM_WORLD`` under ``mpirun``). CPU tensors only.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from . import _api
+from .kernels import AVG
+
+__all__ = ["allreduce_hook", "init_process_group"]
+
+
+def init_process_group(comm: MPI.Intracomm | None = None, backend: str = "gloo") -> None:
+    """``torch.distributed.init_process_group`` with ``comm``'s ranks (None:
+    ``MPI.COMM_WORLD``), for a job started by ``mpirun``: rank 0's host and a free
+    port of it are its TCP rendezvous."""
+    import socket  # noqa: PLC0415
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    where = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            where = (socket.gethostname(), s.getsockname()[1])
+    host, port = comm.bcast(where)
+    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}",
+                            rank=comm.Get_rank(), world_size=comm.Get_size())  # fmt: skip
+
+
+def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket``'s gradients over ``state``'s ranks (an mpi4py communicator;
+    None: ``MPI.COMM_WORLD``), as DDP's default hook does, through ringmpi."""
+    tensor = bucket.buffer()
+    if tensor.device.type != "cpu":
+        raise TypeError(
+            f"ringmpi.torch.allreduce_hook averages CPU gradients, not {tensor.device.type} "
+            "ones: keep DDP's default hook (NCCL) for GPU models"
+        )
+    comm = MPI.COMM_WORLD if state is None else state
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def then(error: BaseException | None) -> None:
+        if error is None:
+            future.set_result(tensor)
+        else:
+            future.set_exception(error)
+
+    _api.start(tensor, AVG, comm, then)
+    return future

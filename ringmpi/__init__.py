@@ -7,6 +7,7 @@
 
     ringmpi.Allreduce(MPI.IN_PLACE, grads, op=ringmpi.AVG)   # like comm.Allreduce
     req = ringmpi.Iallreduce(MPI.IN_PLACE, grads); req.Wait() # like comm.Iallreduce
+    ringmpi.Reduce_scatter_block(x, mine); ringmpi.Allgather(mine, x)  # the ring's halves
     total = ringmpi.allreduce(x)                              # a new array
     ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
@@ -23,9 +24,12 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "AVG",
+    "Allgather",
     "Allreduce",
     "Comm",
     "Iallreduce",
+    "Reduce_scatter",
+    "Reduce_scatter_block",
     "RingMPIError",
     "Trace",
     "abort_on_error",
@@ -42,9 +46,12 @@ __version__ = "0.1.0"
 # The API loads on first use: `import ringmpi` alone loads neither MPI nor Numba.
 _WHERE = {
     "AVG": "kernels",
+    "Allgather": "_halves",
     "Allreduce": "_api",
     "Comm": "_api",
     "Iallreduce": "_api",
+    "Reduce_scatter": "_halves",
+    "Reduce_scatter_block": "_halves",
     "RingMPIError": "_errors",
     "Trace": "_trace",
     "abort_on_error": "_errors",
@@ -59,6 +66,7 @@ _WHERE = {
 if TYPE_CHECKING:
     from ._api import Allreduce, Comm, Iallreduce, allreduce, warm
     from ._errors import RingMPIError, abort_on_error
+    from ._halves import Allgather, Reduce_scatter, Reduce_scatter_block
     from ._settings import configure, configured
     from ._trace import Trace, trace
     from .buckets import allreduce_many

@@ -289,8 +289,8 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
 
 
 class Comm(MPI.Intracomm):
-    """An mpi4py intracommunicator whose ``Allreduce``/``Iallreduce``/``allreduce`` go
-    through ringmpi.
+    """An mpi4py intracommunicator whose ``Allreduce``, ``Iallreduce``, ``allreduce``,
+    ``Reduce_scatter_block``, ``Reduce_scatter`` and ``Allgather`` go through ringmpi.
 
     It is the same MPI communicator (a new Python handle to it), so every other
     method and attribute is the wrapped communicator's own::
@@ -306,6 +306,22 @@ class Comm(MPI.Intracomm):
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:  # type: ignore[override]
         return Iallreduce(sendbuf, recvbuf, op, self)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
+        from ._halves import Reduce_scatter_block  # noqa: PLC0415 (it imports this module)
+
+        Reduce_scatter_block(sendbuf, recvbuf, op, self)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                       op: Any = MPI.SUM) -> None:  # type: ignore[override]  # fmt: skip
+        from ._halves import Reduce_scatter  # noqa: PLC0415 (it imports this module)
+
+        Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # type: ignore[override]
+        from ._halves import Allgather  # noqa: PLC0415 (it imports this module)
+
+        Allgather(sendbuf, recvbuf, self)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
         """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and

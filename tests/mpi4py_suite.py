@@ -7,7 +7,9 @@ downloads the release of the installed mpi4py); its real-GPU array backends
 (CuPy, Numba's CUDA) are dropped, as there is no GPU here. Each module runs twice in one
 process: as released, then with every test class's communicator wrapped
 (``COMM = ringmpi.Comm(COMM)``, and the ``...Dup`` classes' duplicate wrapped
-after their ``setUp``). A test passes where it passes on every rank. Exits 1
+after their ``setUp``); the reduce-scatters and all-gathers run ringmpi's ring at
+every size (auto takes the library's call for small buffers). A test passes
+where it passes on every rank. Exits 1
 if a test that passes plain fails wrapped; prints both counts.
 """
 
@@ -118,6 +120,10 @@ def main(argv: list[str]) -> int:
     folder, names = argv[0], argv[1:] or MODULES
     sys.path.insert(0, folder)
     import arrayimpl  # mpi4py's array backends
+
+    from ringmpi import _halves
+
+    _halves.RING_FROM_BYTES = 0  # the halves' ring at every size (auto: from 64 KiB)
 
     # No GPU here: the real-GPU backends (as mpi4py's own is_mpi_gpu names them) go.
     arrayimpl.ArrayBackends[:] = [

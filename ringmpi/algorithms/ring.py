@@ -50,7 +50,9 @@ bitwise the one shared_memory gives, and reproducible.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import itertools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -59,10 +61,13 @@ from .._comm import Context
 from .._copy import copy
 from ..kernels import Reduction
 from ..plans import FINAL, FOLD, FROM_INPUT, REDUCE, STORE, TO_SLOTS, Plan, Rows
-from ..schedule import REDUCE_SCATTER, chunk_bounds, ring_steps
+from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, ring_steps
 from .registry import register
 
-__all__ = ["all_gather", "direct_exchange", "direct_slots", "ring", "run_ring", "terms"]
+__all__ = ["all_gather", "all_gather_owned", "direct_exchange", "direct_slots", "reduce_scatter",
+           "ring", "run_ring", "terms"]  # fmt: skip
+
+PlanFn = Callable[[int, int, int, int], Plan]
 
 DIRECT_EXCHANGE = "direct-exchange"
 
@@ -129,6 +134,48 @@ def all_gather(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
             r0, r1 = bounds[st.recv_chunk], bounds[st.recv_chunk + 1]
             rows.add(st.phase, st.step, (right, s0, s1 - s0), (left, r0, r1 - r0))
     return rows.plan(count)
+
+
+@functools.lru_cache(maxsize=64)
+def reduce_scatter(counts: tuple[int, ...]) -> PlanFn:
+    """The plan builder of the ring's reduce-scatter alone, rank r finishing chunk r of
+    ``counts[r]`` elements (MPI_Reduce_scatter's layout): in step s rank r sends
+    chunk (r - s - 1) and reduces chunk (r - s - 2) into its own. Rank r sends
+    every chunk but its own: (N-1)/N of an even buffer, in N - 1 steps."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+
+    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+        assert nranks == len(counts) and count == bounds[-1]
+        rows = Rows(nranks, rank)
+        right, left = (rank + 1) % nranks, (rank - 1) % nranks
+        for s in range(nranks - 1):
+            out, into = (rank - s - 1) % nranks, (rank - s - 2) % nranks
+            rows.add(REDUCE_SCATTER, s, (right, bounds[out], counts[out]),
+                     (left, bounds[into], counts[into]),
+                     REDUCE | (FINAL if s == nranks - 2 else 0))  # fmt: skip
+        return rows.plan(count)
+
+    return build
+
+
+@functools.lru_cache(maxsize=64)
+def all_gather_owned(counts: tuple[int, ...]) -> PlanFn:
+    """The plan builder of the ring's all-gather alone from rank r holding chunk r of
+    ``counts[r]`` elements (MPI_Allgather's layout): in step s rank r sends chunk
+    (r - s) and stores chunk (r - s - 1). Rank r sends every chunk but (r + 1)."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+
+    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+        assert nranks == len(counts) and count == bounds[-1]
+        rows = Rows(nranks, rank)
+        right, left = (rank + 1) % nranks, (rank - 1) % nranks
+        for s in range(nranks - 1):
+            out, into = (rank - s) % nranks, (rank - s - 1) % nranks
+            rows.add(ALL_GATHER, s, (right, bounds[out], counts[out]),
+                     (left, bounds[into], counts[into]))  # fmt: skip
+        return rows.plan(count)
+
+    return build
 
 
 def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:

@@ -1,0 +1,209 @@
+"""The ring's two halves as collectives: Reduce_scatter_block, Reduce_scatter, Allgather.
+
+Each is one phase of the ring all-reduce run alone (:func:`ringmpi.algorithms.ring.
+reduce_scatter`, :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps
+with the ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
+busbw = algbw·(N-1)/N). ``algorithm`` is ``"auto"``, ``"ring"`` or ``"mpi"``
+(the library's own call, with the arguments as given); auto runs the ring from
+:data:`RING_FROM_BYTES` of buffer up, the library's call below. What ringmpi
+cannot do itself goes to the library under ``auto`` and ``mpi``, as for
+:func:`ringmpi.Allreduce`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _engine, _settings, _trace
+from ._api import _as_array, _kind
+from ._comm import check_comm, context
+from ._errors import RingMPIError, UnsupportedError
+from .algorithms.ring import all_gather_owned, reduce_scatter
+from .kernels import reduction
+
+__all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_block"]
+
+# auto: the ring from this size of the whole buffer (docs/performance.md, "The ring's
+# halves"), the library's call below it.
+RING_FROM_BYTES = 64 << 10
+_ALGORITHMS = ("auto", "ring", "mpi")
+
+
+def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                         comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                         timeout: float | None = None) -> None:  # fmt: skip
+    """Reduce ``sendbuf`` (N blocks of k elements) over ``comm``; rank r receives the
+    reduced block r in ``recvbuf`` (k elements), like ``comm.Reduce_scatter_block``.
+    ``sendbuf`` ``MPI.IN_PLACE`` or None: the N blocks are in ``recvbuf``, whose
+    first block receives the result (the rest is left as it was)."""
+    size = _size(comm)
+    Reduce_scatter(sendbuf, recvbuf, None, op, comm, algorithm=algorithm, timeout=timeout,
+                   _block=size)  # fmt: skip
+
+
+def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
+                   comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                   timeout: float | None = None, _block: int = 0) -> None:  # fmt: skip
+    """Reduce ``sendbuf`` (``sum(recvcounts)`` elements) over ``comm``; rank r receives
+    the ``recvcounts[r]`` elements from ``sum(recvcounts[:r])`` on, reduced, in
+    ``recvbuf``, like ``comm.Reduce_scatter``. ``recvcounts`` None: every rank's
+    ``recvbuf`` size (gathered). ``sendbuf`` ``MPI.IN_PLACE`` or None: the input is
+    in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
+    name = "Reduce_scatter_block" if _block else "Reduce_scatter"
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    checked = _check(name, algorithm, timeout, comm)
+    if checked is None:
+        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
+    ctx, waits = checked
+    try:
+        recv = _writable(recvbuf)
+        send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
+        red = reduction(op, recv.dtype)
+    except UnsupportedError as exc:
+        why = str(exc)
+        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op,
+                        why=why, algorithm=algorithm)  # fmt: skip
+    n, r = ctx.size, ctx.rank
+    if _block:
+        total = recv.size if send is None else send.size
+        if total % n:
+            what = "recvbuf" if send is None else "sendbuf"
+            raise ValueError(f"{name}: {what} holds {total} elements, not N = {n} equal blocks")
+        counts = [total // n] * n
+    elif recvcounts is None:
+        if send is None:
+            raise ValueError(f"{name}: in place, recvcounts must be given")
+        counts = ctx.comm.allgather(recv.size)
+    else:
+        counts = [int(c) for c in recvcounts]
+        if len(counts) != n or min(counts) < 0:
+            raise ValueError(f"{name}: recvcounts must be {n} counts >= 0, got {recvcounts!r}")
+    total = sum(counts)
+    source = recv.reshape(-1) if send is None else send.reshape(-1)
+    if send is not None and send.dtype != recv.dtype:
+        raise TypeError(f"recvbuf has dtype {recv.dtype} but sendbuf has dtype {send.dtype}")
+    if source.size != total or recv.size < (counts[r] if send is not None else total):
+        raise ValueError(
+            f"{name}: {'recvbuf' if send is None else 'sendbuf'} holds {source.size} elements "
+            f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
+            + ("" if send is None else f" and {counts[r]}")
+        )
+    if _choose(algorithm, source.nbytes) == "mpi":
+        _trace_call()
+        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
+    _trace_call()
+    work = np.empty(total, recv.dtype)
+    plan = ctx.plan(reduce_scatter(tuple(counts)), total, recv.itemsize)
+    _engine.run(plan, work, red, ctx, "ring", waits, source=np.ascontiguousarray(source))
+    start = sum(counts[:r])
+    recv.reshape(-1)[: counts[r]] = work[start : start + counts[r]]
+
+
+def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
+              algorithm: str = "auto", timeout: float | None = None) -> None:  # fmt: skip
+    """Gather every rank's ``sendbuf`` (k elements) into every rank's ``recvbuf`` (N
+    blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
+    or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
+    ring moves bytes."""
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    checked = _check("Allgather", algorithm, timeout, comm)
+    if checked is None:
+        return _library("Allgather", comm, sendbuf, recvbuf)
+    ctx, waits = checked
+    try:
+        recv = _writable(recvbuf)
+        send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
+    except UnsupportedError as exc:
+        why = str(exc)
+        return _library("Allgather", comm, sendbuf, recvbuf, why=why, algorithm=algorithm)
+    n, r = ctx.size, ctx.rank
+    if recv.nbytes % n or (send is not None and send.nbytes * n != recv.nbytes):
+        raise ValueError(
+            f"Allgather: recvbuf holds {recv.nbytes} bytes, not N = {n} blocks"
+            + ("" if send is None else f" of sendbuf's {send.nbytes}")
+        )
+    if send is not None and not recv.flags.c_contiguous:
+        raise ValueError("Allgather: recvbuf must be contiguous")
+    if _choose(algorithm, recv.nbytes) == "mpi":
+        _trace_call()
+        return _library("Allgather", comm, sendbuf, recvbuf)
+    _trace_call()
+    block = recv.nbytes // n
+    work = (
+        recv.reshape(-1).view(np.uint8)
+        if recv.flags.c_contiguous
+        else np.empty(n * block, np.uint8)
+    )
+    if not recv.flags.c_contiguous:
+        work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
+    if send is not None:
+        work[r * block : (r + 1) * block] = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
+    plan = ctx.plan(all_gather_owned((block,) * n), n * block, 1)
+    _engine.run(plan, work, _BYTES, ctx, "ring", waits)
+    if not recv.flags.c_contiguous:
+        recv[...] = work.view(recv.dtype).reshape(recv.shape)
+
+
+# --- internals -----------------------------------------------------------------------
+
+_BYTES = reduction(MPI.BAND, np.uint8)  # the all-gather only stores: any reduction's tags
+
+
+def _size(comm: Any) -> int:
+    comm = MPI.COMM_WORLD if comm is None else comm
+    return comm.Get_size() if not isinstance(comm, MPI.Intercomm) else 0
+
+
+def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
+    """(context, timeout) for a call ringmpi runs, or None for the library's."""
+    if algorithm not in _ALGORITHMS:
+        raise ValueError(f"{name}: algorithm must be one of {', '.join(_ALGORITHMS)}, "
+                         f"not {algorithm!r}")  # fmt: skip
+    settings = _settings.current()
+    waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
+    if isinstance(comm, MPI.Intercomm) and comm != MPI.COMM_NULL:
+        if algorithm == "ring":
+            raise UnsupportedError(
+                f"{name}: algorithm 'ring' cannot run on an inter-communicator (auto and "
+                "'mpi' hand it to the library)"
+            )
+        return None
+    ctx = context(check_comm(comm), waits)
+    if ctx.progress is not None:  # the nonblocking calls started before this one run first
+        ctx.progress.drain()
+    if ctx.broken is not None:
+        raise RingMPIError(ctx.broken)
+    return ctx, waits
+
+
+def _writable(recvbuf: Any) -> np.ndarray:
+    recv = _as_array(recvbuf, "recvbuf")
+    if not recv.flags.writeable:
+        raise ValueError(f"recvbuf is read-only{_kind(recvbuf)}")
+    return recv
+
+
+def _choose(algorithm: str, nbytes: int) -> str:
+    if algorithm == "auto":
+        return "ring" if nbytes >= RING_FROM_BYTES else "mpi"
+    return algorithm
+
+
+def _trace_call() -> None:
+    if _trace._active:
+        _trace.record_call()
+
+
+def _library(name: str, comm: Any, *args: Any, why: str = "", algorithm: str = "auto") -> None:
+    """The library's own collective ``name`` on the user's communicator, the arguments
+    as given (``why``: what ringmpi cannot do, which a named ring refuses)."""
+    if why and algorithm == "ring":
+        raise UnsupportedError(f"{why}; algorithm 'ring' cannot run this call (auto and 'mpi' "
+                               "hand it to the MPI library's own collective)")  # fmt: skip
+    comm = MPI.COMM_WORLD if comm is None else comm
+    getattr(MPI.Comm, name)(comm, *args)

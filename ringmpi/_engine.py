@@ -67,6 +67,7 @@ from .plans import (
     FINAL,
     FOLD,
     FROM_INPUT,
+    OWN_FROM_INPUT,
     PHASE,
     RECV_FROM,
     RECV_LEN,
@@ -187,6 +188,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     wrong, if anything (:mod:`ringmpi._report`; the step is the row).
 
     Row flags beyond REDUCE: FROM_INPUT sends read ``source`` where it lies;
+    OWN_FROM_INPUT reduces take this rank's operand from ``source``;
     TO_SLOTS receives land in ``scratch`` (offsets from the count on); FOLD folds
     each arrived segment's elements of this rank's chunk into ``work`` from every
     contribution (the half types' one rounding, :func:`ringmpi._half.fold_parts`),
@@ -224,6 +226,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         reduce = (action & REDUCE) != 0
         reverse = (action & THEIRS_FIRST) != 0
         fold = (action & FOLD) != 0
+        own = (action & OWN_FROM_INPUT) != 0
         sbase = source.ctypes.data if (action & FROM_INPUT) != 0 else base
         rbase = base
         if (action & TO_SLOTS) != 0:
@@ -241,6 +244,8 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
                 return
             if reduce:
+                if own:
+                    work[roff : roff + rlen] = source[roff : roff + rlen]
                 _reduce(work[roff : roff + rlen], scratch[:rlen], code, reverse, action, divisor)
             elif fold:
                 fold_half_parts(work[chunk : chunk + rlen], source, scratch, count, starts, 0,
@@ -301,6 +306,8 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     break
                 half = (k % 2) * seg
                 acc = work[roff + a : roff + a + n]
+                if own:
+                    acc[:] = source[roff + a : roff + a + n]
                 _reduce(acc, scratch[half : half + n], code, reverse, action, divisor)
                 if k + 2 < nrecv:
                     a2 = (k + 2) * seg
@@ -347,7 +354,7 @@ class _Shape:
                  _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
                  _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w,
                  _TIMEOUT: round(timeout * 1e9),
-                 _COPY: int(not (table[:, ACTION] & FROM_INPUT).any()),
+                 _COPY: int(not (table[:, ACTION] & (FROM_INPUT | OWN_FROM_INPUT)).any()),
                  _KIND: red.half, _AVG_BY: red.avg_divisor(ctx.size) if red.half else 0,
                  _COUNT: plan.count, _CHUNK: plan.chunk,
                  _NSTARTS: len(plan.starts)}  # fmt: skip

@@ -4,14 +4,18 @@ Each is one phase of the ring all-reduce run alone (:func:`ringmpi.algorithms.ri
 reduce_scatter`, :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps
 with the ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
 busbw = algbw·(N-1)/N). ``algorithm`` is ``"auto"``, ``"ring"`` or ``"mpi"``
-(the library's own call, with the arguments as given); auto runs the ring from
-:data:`RING_FROM_BYTES` of buffer up, the library's call below. What ringmpi
-cannot do itself goes to the library under ``auto`` and ``mpi``, as for
-:func:`ringmpi.Allreduce`.
+(the library's own call, with the arguments as given). Auto tunes itself per
+communicator and size class (a power of two of the buffer's bytes): its first
+calls of a class take turns between the two, timed, then every rank keeps the
+one whose slowest rank's median is lower (the library's unless the ring is 5 %
+faster). With the tuner off (``RINGMPI_TUNER=off``) auto runs the ring from
+:data:`RING_FROM_BYTES` up. What ringmpi cannot do itself goes to the library
+under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -26,9 +30,13 @@ from .kernels import reduction
 
 __all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_block"]
 
-# auto: the ring from this size of the whole buffer (docs/performance.md, "The ring's
-# halves"), the library's call below it.
+# auto with the tuner off: the ring from this size of the whole buffer, the library's
+# call below it (docs/performance.md, "The ring's halves").
 RING_FROM_BYTES = 64 << 10
+# auto's tuner: timed calls of each candidate per size class; the library's call stays
+# unless the ring's are this much faster (as for the all-reduce).
+TRIALS = 4
+MARGIN = 0.05
 _ALGORITHMS = ("auto", "ring", "mpi")
 
 
@@ -92,15 +100,30 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
             f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
             + ("" if send is None else f" and {counts[r]}")
         )
-    if _choose(algorithm, source.nbytes) == "mpi":
-        _trace_call()
-        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
+    ran, timed = _choose(ctx, name, algorithm, source.nbytes)
+    t0 = time.perf_counter()
     _trace_call()
-    work = np.empty(total, recv.dtype)
+    if ran == "mpi":  # AVG: the library's SUM, divided here
+        _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), red.mpi_op)
+        _finish(red, recv, counts[r], n)
+    else:
+        _ring_reduce_scatter(ctx, source, recv, counts, red, waits)
+    if timed is not None:
+        timed(time.perf_counter() - t0)
+
+
+def _ring_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
+                         waits: float) -> None:  # fmt: skip
+    total, r = sum(counts), ctx.rank
+    work = ctx.scratch(total * recv.itemsize).view(recv.dtype)  # kept: no page faults
     plan = ctx.plan(reduce_scatter(tuple(counts)), total, recv.itemsize)
     _engine.run(plan, work, red, ctx, "ring", waits, source=np.ascontiguousarray(source))
     start = sum(counts[:r])
-    recv.reshape(-1)[: counts[r]] = work[start : start + counts[r]]
+    mine = work[start : start + counts[r]]
+    if recv.flags.c_contiguous:
+        recv.reshape(-1)[: counts[r]] = mine
+    else:
+        recv.flat[: counts[r]] = mine
 
 
 def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
@@ -121,7 +144,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     except UnsupportedError as exc:
         why = str(exc)
         return _library("Allgather", comm, sendbuf, recvbuf, why=why, algorithm=algorithm)
-    n, r = ctx.size, ctx.rank
+    n = ctx.size
     if recv.nbytes % n or (send is not None and send.nbytes * n != recv.nbytes):
         raise ValueError(
             f"Allgather: recvbuf holds {recv.nbytes} bytes, not N = {n} blocks"
@@ -129,10 +152,19 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
         )
     if send is not None and not recv.flags.c_contiguous:
         raise ValueError("Allgather: recvbuf must be contiguous")
-    if _choose(algorithm, recv.nbytes) == "mpi":
-        _trace_call()
-        return _library("Allgather", comm, sendbuf, recvbuf)
+    ran, timed = _choose(ctx, "Allgather", algorithm, recv.nbytes)
+    t0 = time.perf_counter()
     _trace_call()
+    if ran == "mpi":
+        _library("Allgather", comm, sendbuf, recvbuf)
+    else:
+        _ring_allgather(ctx, send, recv, waits)
+    if timed is not None:
+        timed(time.perf_counter() - t0)
+
+
+def _ring_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float) -> None:
+    n, r = ctx.size, ctx.rank
     block = recv.nbytes // n
     work = (
         recv.reshape(-1).view(np.uint8)
@@ -188,10 +220,64 @@ def _writable(recvbuf: Any) -> np.ndarray:
     return recv
 
 
-def _choose(algorithm: str, nbytes: int) -> str:
-    if algorithm == "auto":
-        return "ring" if nbytes >= RING_FROM_BYTES else "mpi"
-    return algorithm
+def _finish(red, recv: np.ndarray, count: int, n: int) -> None:
+    """AVG divides the library's sum in the first ``count`` elements of ``recv``."""
+    if recv.flags.c_contiguous:
+        red.finish(recv.reshape(-1)[:count], n)
+    else:
+        mine = recv.flat[:count].copy()
+        red.finish(mine, n)
+        recv.flat[:count] = mine
+
+
+def _choose(ctx, name: str, algorithm: str, nbytes: int):
+    """(what runs, None or the callable that takes this call's seconds: a trial)."""
+    if algorithm != "auto":
+        return algorithm, None
+    if _settings.current().tuner == "off" or ctx.size == 1:
+        return ("ring" if nbytes >= RING_FROM_BYTES else "mpi"), None
+    return ctx.state(_Tuned).choose(name, nbytes)
+
+
+class _Tuned:
+    """auto's choices on one communicator, per (collective, size class), tuned online."""
+
+    name = "halves-auto"  # its key among the communicator's states
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.won: dict[tuple[str, int], str] = {}
+        self.trials: dict[tuple[str, int], list[tuple[str, float]]] = {}
+
+    @classmethod
+    def state(cls, ctx) -> _Tuned:
+        return cls(ctx)
+
+    def free(self) -> None:
+        self.won.clear()
+
+    def choose(self, name: str, nbytes: int):
+        key = (name, nbytes.bit_length())
+        found = self.won.get(key)
+        if found is not None:
+            return found, None
+        trials = self.trials.setdefault(key, [])
+        candidate = _CANDIDATES[len(trials) % 2]
+
+        def timed(seconds: float) -> None:
+            trials.append((candidate, seconds))
+            if len(trials) == 2 * TRIALS:  # every rank here at the same call: agree
+                mine = [float(np.median([t for a, t in trials if a == c])) for c in _CANDIDATES]
+                slowest = np.empty(2)
+                self.ctx.comm.Allreduce(np.array(mine), slowest, op=MPI.MAX)
+                ring, library = slowest
+                self.won[key] = "ring" if ring < library * (1 - MARGIN) else "mpi"
+                del self.trials[key]
+
+        return candidate, timed
+
+
+_CANDIDATES = ("ring", "mpi")
 
 
 def _trace_call() -> None:

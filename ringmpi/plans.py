@@ -36,6 +36,9 @@ FINAL = 4  # these elements are complete after this reduce (AVG divides them her
 FROM_INPUT = 8  # the send reads this rank's input where it lies, not the working buffer
 TO_SLOTS = 16  # the receive lands in the slots: RECV_OFF counts from the plan's count on
 FOLD = 32  # each arrived segment completes elements of this rank's chunk: fold them
+# The reduce's own operand is this rank's input where it lies, not the working buffer:
+# ``acc = input (op) received`` (a reduce-scatter alone copies nothing in first).
+OWN_FROM_INPUT = 64
 
 
 @dataclass(frozen=True, eq=False)  # a plan is itself: equal and hashed by identity
@@ -177,6 +180,8 @@ def _simulate(plans, nranks, count, itemsize, complete, bounds) -> Simulated:
                     raise _MisalignedError
                 for k, (_, got, expr) in zip(ks, data, strict=True):
                     if row[ACTION] & REDUCE:
+                        if row[ACTION] & OWN_FROM_INPUT:  # the input, whatever work holds
+                            held[r][k], exprs[r][k] = frozenset([r]), r
                         assert not (held[r][k] & got), f"rank {r}: element {bounds[k]} twice"
                         held[r][k] = held[r][k] | got
                         mine = exprs[r][k]

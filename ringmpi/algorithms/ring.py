@@ -60,7 +60,7 @@ from .. import _engine
 from .._comm import Context
 from .._copy import copy
 from ..kernels import Reduction
-from ..plans import FINAL, FOLD, FROM_INPUT, REDUCE, STORE, TO_SLOTS, Plan, Rows
+from ..plans import FINAL, FOLD, FROM_INPUT, OWN_FROM_INPUT, REDUCE, STORE, TO_SLOTS, Plan, Rows
 from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, ring_steps
 from .registry import register
 
@@ -150,9 +150,12 @@ def reduce_scatter(counts: tuple[int, ...]) -> PlanFn:
         right, left = (rank + 1) % nranks, (rank - 1) % nranks
         for s in range(nranks - 1):
             out, into = (rank - s - 1) % nranks, (rank - s - 2) % nranks
+            # The own operand comes from the input (nothing is copied in first); the
+            # first send is of the input itself.
+            action = REDUCE | OWN_FROM_INPUT | (FINAL if s == nranks - 2 else 0)
             rows.add(REDUCE_SCATTER, s, (right, bounds[out], counts[out]),
                      (left, bounds[into], counts[into]),
-                     REDUCE | (FINAL if s == nranks - 2 else 0))  # fmt: skip
+                     action | (FROM_INPUT if s == 0 else 0))  # fmt: skip
         return rows.plan(count)
 
     return build

@@ -41,6 +41,18 @@ def allreduce(argv: list[str]) -> int:
 
 
 @_register
+def reduce_scatter(argv: list[str]) -> int:
+    """Benchmark and verify the ring's reduce-scatter against the library's (under mpirun)."""
+    return _tool("halves").main(argv, "reduce_scatter")
+
+
+@_register
+def allgather(argv: list[str]) -> int:
+    """Benchmark and verify the ring's all-gather against the library's (under mpirun)."""
+    return _tool("halves").main(argv, "allgather")
+
+
+@_register
 def schedule(argv: list[str]) -> int:
     """Print the ring's step table and counted cost, or the hierarchical plan."""
     return _tool("schedule").main(argv)

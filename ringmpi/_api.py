@@ -15,7 +15,7 @@ from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
-from .kernels import Reduction, reduction
+from .kernels import AVG, Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "warm"]
 
@@ -308,20 +308,20 @@ class Comm(MPI.Intracomm):
         return Iallreduce(sendbuf, recvbuf, op, self)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
-        from ._halves import Reduce_scatter_block  # noqa: PLC0415 (it imports this module)
-
-        Reduce_scatter_block(sendbuf, recvbuf, op, self)
+        if _small_halve(sendbuf, recvbuf, op):
+            return _LIBRARY_RSB(self, sendbuf, recvbuf, op)  # latency-bound: as auto would
+        _halves.Reduce_scatter_block(sendbuf, recvbuf, op, self)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                        op: Any = MPI.SUM) -> None:  # type: ignore[override]  # fmt: skip
-        from ._halves import Reduce_scatter  # noqa: PLC0415 (it imports this module)
-
-        Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
+        if _small_halve(sendbuf, recvbuf, op):
+            return _LIBRARY_RS(self, sendbuf, recvbuf, recvcounts, op)  # as auto would
+        _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # type: ignore[override]
-        from ._halves import Allgather  # noqa: PLC0415 (it imports this module)
-
-        Allgather(sendbuf, recvbuf, self)
+        if _small_halve(MPI.IN_PLACE, recvbuf, MPI.SUM):
+            return _LIBRARY_ALLGATHER(self, sendbuf, recvbuf)  # latency-bound: as auto would
+        _halves.Allgather(sendbuf, recvbuf, self)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
         """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and
@@ -338,6 +338,22 @@ def _reduces(op: Any, dtype: np.dtype) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+# The halves build on this module's buffer parsing: imported once it is defined.
+from . import _halves  # noqa: E402
+
+_LIBRARY_ALLGATHER = MPI.Intracomm.Allgather
+_LIBRARY_RSB, _LIBRARY_RS = MPI.Intracomm.Reduce_scatter_block, MPI.Intracomm.Reduce_scatter
+
+
+def _small_halve(sendbuf: Any, recvbuf: Any, op: Any) -> bool:
+    """Whether auto would hand a reduce-scatter or all-gather on these buffers straight
+    to the library (:func:`ringmpi._halves._small`), checked in the wrapper's own
+    methods: what they add to a small call is then one test."""
+    buf = recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf
+    return (type(buf) is np.ndarray and buf.nbytes < _halves.RING_FROM_BYTES
+            and op is not AVG and not _TRACES)  # fmt: skip
 
 
 # --- internals -----------------------------------------------------------------

@@ -274,9 +274,17 @@ def check_comm(comm: object) -> MPI.Intracomm:
     return comm
 
 
+# The contexts of the communicators last used, by the Python object (it is held, so
+# its id names no other); emptied when any communicator is freed or broken off.
+_recent: Bounded[int, tuple[MPI.Intracomm, Context]] = _cache.derived(Bounded(16))
+
+
 def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
     """The cached :class:`Context` of ``comm`` (collective on first use: it duplicates
     comm, after a barrier that gives up after ``timeout`` seconds, if any)."""
+    hit = _recent.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
@@ -286,4 +294,5 @@ def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
             _arrive(comm, timeout)
         ctx = Context(comm)
         comm.Set_attr(_keyval, ctx)
+    _recent.put(id(comm), (comm, ctx))
     return ctx

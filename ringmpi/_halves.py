@@ -4,13 +4,16 @@ Each is one phase of the ring all-reduce run alone (:func:`ringmpi.algorithms.ri
 reduce_scatter`, :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps
 with the ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
 busbw = algbw·(N-1)/N). ``algorithm`` is ``"auto"``, ``"ring"`` or ``"mpi"``
-(the library's own call, with the arguments as given). Auto tunes itself per
-communicator and size class (a power of two of the buffer's bytes): its first
+(the library's own call, with the arguments as given). Below
+:data:`RING_FROM_BYTES` of buffer, where a call is latency-bound and the
+library's log-depth algorithms win, auto hands a NumPy buffer to the library at
+once. From there it tunes itself per communicator and size class (a power of
+two of the buffer's bytes): its first
 calls of a class take turns between the two, timed, then every rank keeps the
 one whose slowest rank's median is lower (the library's unless the ring is 5 %
-faster). With the tuner off (``RINGMPI_TUNER=off``) auto runs the ring from
-:data:`RING_FROM_BYTES` up. What ringmpi cannot do itself goes to the library
-under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`.
+faster); with the tuner off (``RINGMPI_TUNER=off``) it runs the ring. What
+ringmpi cannot do itself goes to the library under ``auto`` and ``mpi``, as for
+:func:`ringmpi.Allreduce`. The library's calls take no ``timeout``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ._api import _as_array, _kind
 from ._comm import check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms.ring import all_gather_owned, reduce_scatter
-from .kernels import reduction
+from .kernels import AVG, reduction
 
 __all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_block"]
 
@@ -63,6 +66,10 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     name = "Reduce_scatter_block" if _block else "Reduce_scatter"
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
+    if algorithm == "auto" and op is not AVG and _small(recvbuf if sendbuf is MPI.IN_PLACE
+                                                        else sendbuf):  # fmt: skip
+        _trace_call()
+        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
         return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
@@ -134,6 +141,9 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     ring moves bytes."""
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
+    if algorithm == "auto" and _small(recvbuf):
+        _trace_call()
+        return _library("Allgather", comm, sendbuf, recvbuf)
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
         return _library("Allgather", comm, sendbuf, recvbuf)
@@ -184,6 +194,13 @@ def _ring_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float
 # --- internals -----------------------------------------------------------------------
 
 _BYTES = reduction(MPI.BAND, np.uint8)  # the all-gather only stores: any reduction's tags
+
+
+def _small(buf: Any) -> bool:
+    """A NumPy buffer below :data:`RING_FROM_BYTES`: latency-bound, where the ring's
+    N - 1 steps never beat the library's (log-depth) call, which auto hands it to
+    at once."""
+    return type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES
 
 
 def _size(comm: Any) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _engine, _settings, _trace
-from ._api import _as_array, _kind
+from ._buffers import _as_array, _kind
 from ._comm import check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms.ring import all_gather_owned, reduce_scatter

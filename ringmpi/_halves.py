@@ -49,30 +49,34 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     """Reduce ``sendbuf`` (N blocks of k elements) over ``comm``; rank r receives the
     reduced block r in ``recvbuf`` (k elements), like ``comm.Reduce_scatter_block``.
     ``sendbuf`` ``MPI.IN_PLACE`` or None: the N blocks are in ``recvbuf``, whose
-    first block receives the result (the rest is left as it was)."""
-    size = _size(comm)
-    Reduce_scatter(sendbuf, recvbuf, None, op, comm, algorithm=algorithm, timeout=timeout,
-                   _block=size)  # fmt: skip
+    first block receives the result (the ring leaves the rest as it was)."""
+    _reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
 
 
 def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
                    comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
-                   timeout: float | None = None, _block: int = 0) -> None:  # fmt: skip
+                   timeout: float | None = None) -> None:  # fmt: skip
     """Reduce ``sendbuf`` (``sum(recvcounts)`` elements) over ``comm``; rank r receives
     the ``recvcounts[r]`` elements from ``sum(recvcounts[:r])`` on, reduced, in
     ``recvbuf``, like ``comm.Reduce_scatter``. ``recvcounts`` None: every rank's
     ``recvbuf`` size (gathered). ``sendbuf`` ``MPI.IN_PLACE`` or None: the input is
     in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
-    name = "Reduce_scatter_block" if _block else "Reduce_scatter"
+    _reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout)
+
+
+def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
+                    comm: Any, algorithm: str, timeout: float | None) -> None:  # fmt: skip
+    """Either reduce-scatter (``block``: equal blocks, no counts)."""
+    name = "Reduce_scatter_block" if block else "Reduce_scatter"
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
     if algorithm == "auto" and op is not AVG and _small(recvbuf if sendbuf is MPI.IN_PLACE
                                                         else sendbuf):  # fmt: skip
         _trace_call()
-        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
+        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op)
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
-        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op)
+        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op)
     ctx, waits = checked
     try:
         recv = _writable(recvbuf)
@@ -80,10 +84,10 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
         red = reduction(op, recv.dtype)
     except UnsupportedError as exc:
         why = str(exc)
-        return _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), op,
+        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op,
                         why=why, algorithm=algorithm)  # fmt: skip
     n, r = ctx.size, ctx.rank
-    if _block:
+    if block:
         total = recv.size if send is None else send.size
         if total % n:
             what = "recvbuf" if send is None else "sendbuf"
@@ -111,7 +115,7 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     t0 = time.perf_counter()
     _trace_call()
     if ran == "mpi":  # AVG: the library's SUM, divided here
-        _library(name, comm, sendbuf, recvbuf, *(() if _block else (recvcounts,)), red.mpi_op)
+        _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), red.mpi_op)
         _finish(red, recv, counts[r], n)
     else:
         _ring_reduce_scatter(ctx, source, recv, counts, red, waits)
@@ -201,11 +205,6 @@ def _small(buf: Any) -> bool:
     N - 1 steps never beat the library's (log-depth) call, which auto hands it to
     at once."""
     return type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES
-
-
-def _size(comm: Any) -> int:
-    comm = MPI.COMM_WORLD if comm is None else comm
-    return comm.Get_size() if not isinstance(comm, MPI.Intercomm) else 0
 
 
 def _check(name: str, algorithm: str, timeout: float | None, comm: Any):

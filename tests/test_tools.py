@@ -15,8 +15,8 @@ from ringmpi.tools._units import format_size, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
-COMMANDS = ("allreduce", "schedule", "tune", "scaling", "report", "reliability", "buckets",
-            "kernels")  # fmt: skip
+COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "report",
+            "reliability", "buckets", "kernels")  # fmt: skip
 
 
 def ringmpi(*args: str) -> subprocess.CompletedProcess:
@@ -36,7 +36,7 @@ def test_help_lists_every_command_with_its_summary():
 def test_help_imports_no_tool():
     code = ("import sys\nfrom ringmpi.tools import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\n"
-            f"tools = [f'ringmpi.tools.{{c}}' for c in {COMMANDS!r}]\n"
+            f"tools = [f'ringmpi.tools.{{c}}' for c in {(*COMMANDS, 'halves')!r}]\n"
             "print(sorted(m for m in sys.modules if m.startswith(('numba', 'mpi4py')) "
             "or m in tools))")  # fmt: skip
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)

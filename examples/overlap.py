@@ -1,12 +1,14 @@
 """Computation overlapped with a nonblocking all-reduce, against the two in sequence.
 
-    mpirun -n 2 python examples/overlap.py
+    mpirun -n 2 python examples/overlap.py [--compute matmul|sleep]
 
 Each size (float32 SUM, in place): the blocking all-reduce alone (``comm``), a
 computation of about the same length alone (``compute``: NumPy matrix products,
-which release the GIL), then the two in sequence (``ringmpi.Allreduce`` then
-the computation) and overlapped (``ringmpi.Iallreduce``, the computation,
-``Wait``), and the library's own ``comm.Iallreduce`` overlapped the same way.
+which release the GIL but keep a core busy; or ``--compute sleep``, work that
+leaves the cores free, as a GPU kernel or a disk read does), then the two in
+sequence (``ringmpi.Allreduce`` then the computation) and overlapped
+(``ringmpi.Iallreduce``, the computation, ``Wait``), and the library's own
+``comm.Iallreduce`` overlapped the same way.
 The rounds take turns; a round's time is the slowest rank's; medians of 9.
 ``hidden`` is the share of the shorter of the two that overlapping saved:
 (sequence - overlapped) / min(comm, compute). A last overlapped call on
@@ -15,6 +17,7 @@ verifiable inputs must give the exact sum on every rank.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -28,6 +31,9 @@ ROUNDS = 9
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--compute", choices=["matmul", "sleep"], default="matmul")
+    sleep = parser.parse_args().compute == "sleep"
     comm = MPI.COMM_WORLD
     a = np.random.default_rng(comm.rank).random((192, 192))
     if comm.rank == 0:
@@ -40,7 +46,10 @@ def main() -> None:
         alone = _timed(comm, lambda x=x: ringmpi.Allreduce(MPI.IN_PLACE, x))
         reps = max(1, round(alone / _timed(comm, lambda: a @ a)))
 
-        def compute(reps=reps) -> None:
+        def compute(reps=reps, alone=alone) -> None:
+            if sleep:
+                time.sleep(alone)
+                return
             for _ in range(reps):
                 a @ a
 

@@ -15,7 +15,7 @@ from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
-from .kernels import AVG, Reduction, reduction
+from .kernels import Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "warm"]
 
@@ -348,9 +348,7 @@ def _small_halve(sendbuf: Any, recvbuf: Any, op: Any) -> bool:
     """Whether auto would hand a reduce-scatter or all-gather on these buffers straight
     to the library (:func:`ringmpi._halves._small`), checked in the wrapper's own
     methods: what they add to a small call is then one test."""
-    buf = recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf
-    return (type(buf) is np.ndarray and buf.nbytes < _halves.RING_FROM_BYTES
-            and op is not AVG and not _TRACES)  # fmt: skip
+    return _halves._small(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, op)
 
 
 # --- internals -----------------------------------------------------------------

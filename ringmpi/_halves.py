@@ -50,6 +50,9 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     reduced block r in ``recvbuf`` (k elements), like ``comm.Reduce_scatter_block``.
     ``sendbuf`` ``MPI.IN_PLACE`` or None: the N blocks are in ``recvbuf``, whose
     first block receives the result (the ring leaves the rest as it was)."""
+    if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
+                                      else sendbuf, op):  # fmt: skip
+        return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
     _reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
 
 
@@ -61,6 +64,9 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     ``recvbuf``, like ``comm.Reduce_scatter``. ``recvcounts`` None: every rank's
     ``recvbuf`` size (gathered). ``sendbuf`` ``MPI.IN_PLACE`` or None: the input is
     in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
+    if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
+                                      else sendbuf, op):  # fmt: skip
+        return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
     _reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout)
 
 
@@ -70,10 +76,6 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
-    if algorithm == "auto" and op is not AVG and _small(recvbuf if sendbuf is MPI.IN_PLACE
-                                                        else sendbuf):  # fmt: skip
-        _trace_call()
-        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op)
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
         return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op)
@@ -143,11 +145,10 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
     or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
     ring moves bytes."""
+    if algorithm == "auto" and _small(recvbuf):
+        return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
-    if algorithm == "auto" and _small(recvbuf):
-        _trace_call()
-        return _library("Allgather", comm, sendbuf, recvbuf)
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
         return _library("Allgather", comm, sendbuf, recvbuf)
@@ -200,11 +201,17 @@ def _ring_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float
 _BYTES = reduction(MPI.BAND, np.uint8)  # the all-gather only stores: any reduction's tags
 
 
-def _small(buf: Any) -> bool:
+def _small(buf: Any, op: Any = MPI.SUM) -> bool:
     """A NumPy buffer below :data:`RING_FROM_BYTES`: latency-bound, where the ring's
     N - 1 steps never beat the library's (log-depth) call, which auto hands it to
-    at once."""
-    return type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES
+    at once (not AVG, which MPI has not; not inside a trace, which counts the call)."""
+    return (type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES and op is not AVG
+            and not _TRACES)  # fmt: skip
+
+
+# The library's calls as the small path makes them (Comm's: inter-communicators too).
+_ALLGATHER, _RSB, _RS = MPI.Comm.Allgather, MPI.Comm.Reduce_scatter_block, MPI.Comm.Reduce_scatter
+_WORLD, _IN_PLACE, _TRACES = MPI.COMM_WORLD, MPI.IN_PLACE, _trace._active
 
 
 def _check(name: str, algorithm: str, timeout: float | None, comm: Any):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pairwise
 import pytest
 
 from ringmpi import algorithms, plans
-from ringmpi.algorithms import chain
+from ringmpi.algorithms import chain, ring
 from ringmpi.schedule import chunk_bounds
 
 # Every registered algorithm that runs a plan, one registered from outside the package
@@ -200,3 +201,29 @@ def test_chain_pieces():
     assert chain.chain_pieces(2, (64 << 20) // 4, 4) == 64 << 20 >> 22  # 4 MiB at most
     sizes = [chain.chain_pieces(8, n, 4) for n in (1 << 10, 1 << 16, 1 << 20, 1 << 24)]
     assert sizes == sorted(sizes) and sizes[0] == 1 < sizes[-1]
+
+
+HALF_COUNTS = [
+    lambda n: (3,) * n,
+    lambda n: tuple(range(n)),
+    lambda n: tuple(k * 7 % 5 for k in range(n)),
+]
+
+
+@pytest.mark.parametrize("nranks", range(1, 10))
+@pytest.mark.parametrize("layout", HALF_COUNTS, ids=["even", "rising", "uneven"])
+def test_the_halves_alone(nranks, layout):
+    """The ring's reduce-scatter alone leaves rank r with every contribution to chunk r,
+    and its all-gather alone gives every rank every chunk; each rank sends every chunk
+    but one (its own, or chunk r + 1), in N - 1 steps."""
+    counts = layout(nranks)
+    total, bounds = sum(counts), [0, *itertools.accumulate(counts)]
+    rs = plans.simulate(ring.reduce_scatter(counts), nranks, total, 4, complete=False)
+    ag = plans.simulate(ring.all_gather_owned(counts), nranks, total, 4, complete=False)
+    for r in range(nranks):
+        mine = range(bounds[r], bounds[r + 1])
+        assert all(rs.held[r][e] == frozenset(range(nranks)) for e in mine)
+        assert rs.bytes_sent[r] == 4 * (total - counts[r])
+        assert ag.results[r] == [k for k in range(nranks) for _ in range(counts[k])]
+        assert ag.bytes_sent[r] == 4 * (total - counts[(r + 1) % nranks])
+        assert rs.steps[r] == ag.steps[r] == nranks - 1

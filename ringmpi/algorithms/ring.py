@@ -141,24 +141,15 @@ def reduce_scatter(counts: tuple[int, ...]) -> PlanFn:
     """The plan builder of the ring's reduce-scatter alone, rank r finishing chunk r of
     ``counts[r]`` elements (MPI_Reduce_scatter's layout): in step s rank r sends
     chunk (r - s - 1) and reduces chunk (r - s - 2) into its own. Rank r sends
-    every chunk but its own: (N-1)/N of an even buffer, in N - 1 steps."""
-    bounds = list(itertools.accumulate(counts, initial=0))
+    every chunk but its own: (N-1)/N of an even buffer, in N - 1 steps. The own
+    operand comes from the input (nothing is copied in first); the first send is
+    of the input itself."""
 
-    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
-        assert nranks == len(counts) and count == bounds[-1]
-        rows = Rows(nranks, rank)
-        right, left = (rank + 1) % nranks, (rank - 1) % nranks
-        for s in range(nranks - 1):
-            out, into = (rank - s - 1) % nranks, (rank - s - 2) % nranks
-            # The own operand comes from the input (nothing is copied in first); the
-            # first send is of the input itself.
-            action = REDUCE | OWN_FROM_INPUT | (FINAL if s == nranks - 2 else 0)
-            rows.add(REDUCE_SCATTER, s, (right, bounds[out], counts[out]),
-                     (left, bounds[into], counts[into]),
-                     action | (FROM_INPUT if s == 0 else 0))  # fmt: skip
-        return rows.plan(count)
+    def action(s: int, nranks: int) -> int:
+        last = FINAL if s == nranks - 2 else 0
+        return REDUCE | OWN_FROM_INPUT | last | (FROM_INPUT if s == 0 else 0)
 
-    return build
+    return _half(counts, REDUCE_SCATTER, 1, action)
 
 
 @functools.lru_cache(maxsize=64)
@@ -166,6 +157,12 @@ def all_gather_owned(counts: tuple[int, ...]) -> PlanFn:
     """The plan builder of the ring's all-gather alone from rank r holding chunk r of
     ``counts[r]`` elements (MPI_Allgather's layout): in step s rank r sends chunk
     (r - s) and stores chunk (r - s - 1). Rank r sends every chunk but (r + 1)."""
+    return _half(counts, ALL_GATHER, 0, lambda s, nranks: STORE)
+
+
+def _half(counts: tuple[int, ...], phase: str, behind: int, action) -> PlanFn:
+    """A half's builder: in step s rank r sends chunk (r - s - ``behind``) to the right
+    and receives chunk (r - s - ``behind`` - 1) from the left, ``action(s, N)``."""
     bounds = list(itertools.accumulate(counts, initial=0))
 
     def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
@@ -173,9 +170,9 @@ def all_gather_owned(counts: tuple[int, ...]) -> PlanFn:
         rows = Rows(nranks, rank)
         right, left = (rank + 1) % nranks, (rank - 1) % nranks
         for s in range(nranks - 1):
-            out, into = (rank - s) % nranks, (rank - s - 1) % nranks
-            rows.add(ALL_GATHER, s, (right, bounds[out], counts[out]),
-                     (left, bounds[into], counts[into]))  # fmt: skip
+            out, into = (rank - s - behind) % nranks, (rank - s - behind - 1) % nranks
+            rows.add(phase, s, (right, bounds[out], counts[out]),
+                     (left, bounds[into], counts[into]), action(s, nranks))  # fmt: skip
         return rows.plan(count)
 
     return build

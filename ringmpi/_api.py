@@ -15,7 +15,7 @@ from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
-from .kernels import Reduction, reduction
+from .kernels import AVG, Reduction, reduction
 
 __all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "warm"]
 
@@ -233,6 +233,10 @@ def Iallreduce(
     call = _parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
     if not call.library and not _progress.threads_allowed():
         _progress.warn_no_threads()
+        if op is AVG:  # MPI has no AVG: the blocking call, behind a completed request
+            Allreduce(sendbuf, recvbuf, op, comm, algorithm=algorithm, validate=validate,
+                      timeout=timeout, reproducible=reproducible)  # fmt: skip
+            return _progress.completed()
         call = call._replace(library=True)
     if call.library:
         return MPI.Comm.Iallreduce(call.comm, sendbuf, recvbuf, op)

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 from . import _cache, _trace
 
-__all__ = ["Job", "Progress", "Request", "start", "threads_allowed"]
+__all__ = ["Job", "Progress", "Request", "completed", "start", "threads_allowed"]
 
 
 class Job:
@@ -163,6 +163,13 @@ def warn_no_threads() -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+def completed() -> MPI.Grequest:
+    """A request already complete (for a call that ran at once)."""
+    greq = MPI.Grequest.Start()
+    greq.Complete()
+    return greq
 
 
 def start(ctx, job: Job, request: bool = True) -> Request | None:

@@ -264,9 +264,11 @@ x = np.full(4, MPI.COMM_WORLD.Get_rank() + 1.0)
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     req = ringmpi.Iallreduce(MPI.IN_PLACE, x)
+    avg = np.full(2, MPI.COMM_WORLD.Get_rank() + 1.0)
+    ringmpi.Iallreduce(MPI.IN_PLACE, avg, op=ringmpi.AVG).Wait()  # MPI has no AVG
 req.Wait()
 if MPI.COMM_WORLD.Get_rank() == 0:
-    print(type(req).__name__, x.tolist(), [str(m.message)[:36] for m in w])
+    print(type(req).__name__, x.tolist(), avg.tolist(), [str(m.message)[:36] for m in w])
 """
 
 
@@ -274,7 +276,7 @@ def test_iallreduce_without_thread_multiple_falls_back_with_a_warning():
     cmd = [*_mpirun(), "-n", "2", PY, "-c", _NO_THREADS]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "MPI4PY_RC_THREAD_LEVEL": "serialized"}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    want = "Request [3.0, 3.0, 3.0, 3.0] ['ringmpi: MPI was initialized without']"
+    want = "Request [3.0, 3.0, 3.0, 3.0] [1.5, 1.5] ['ringmpi: MPI was initialized without']"
     assert out.stdout.strip().splitlines()[-1:] == [want], out.stdout + out.stderr
 
 

@@ -61,9 +61,9 @@ BIG_PERIOD = 251
 # (about 0.15 GiB measured) and far less than a copy (2.5 GiB).
 BIG_EXTRA_BYTES = 1 << 30
 # Open MPI 5.0's MPI_Allreduce refuses a count of 2^31 or more (MPI_ERR_ARG, measured
-# with 5.0.11), and Intel MPI 2021's large-count MPI_Allreduce_c returns wrong sums
-# (2,673,659,921 of the 2,684,354,560 elements, measured with 2021.18), so the MPI
-# baseline cannot run this case there; ringmpi's own algorithms send in segments and run
+# with 5.0.11), and Intel MPI 2021's large-count MPI_Allreduce_c returns wrong sums on
+# some machines and right ones on others (README, "The three MPI families"), so the MPI
+# baseline cannot be relied on there; ringmpi's own algorithms send in segments and run
 # it under every family. MPICH takes the count.
 if mpi_family() == "Open MPI" and MPI.Get_library_version().startswith("Open MPI v5."):
     BIG_REFUSED = pytest.mark.xfail(
@@ -72,8 +72,9 @@ if mpi_family() == "Open MPI" and MPI.Get_library_version().startswith("Open MPI
     )  # fmt: skip
 elif mpi_family() == "Intel(R) MPI":
     BIG_REFUSED = pytest.mark.xfail(
-        raises=AssertionError, strict=True,
-        reason="Intel MPI 2021's MPI_Allreduce_c sums counts of 2^31 and more wrong",
+        raises=AssertionError, strict=False,
+        reason="Intel MPI 2021's MPI_Allreduce_c sums counts of 2^31 and more wrong on "
+        "some machines",
     )  # fmt: skip
 else:
     BIG_REFUSED = []

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import _engine, _settings, _trace
+from . import _cache, _engine, _settings, _trace
 from ._buffers import _as_array, _kind
+from ._cache import Bounded
 from ._comm import check_comm, context
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms.ring import all_gather_owned, reduce_scatter
@@ -53,6 +54,8 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
                                       else sendbuf, op):  # fmt: skip
         return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
+    if algorithm == "auto" and _settled(comm, "Reduce_scatter_block", sendbuf, recvbuf, op):
+        return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
     _reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
 
 
@@ -66,6 +69,8 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
     if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
                                       else sendbuf, op):  # fmt: skip
+        return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
+    if algorithm == "auto" and _settled(comm, "Reduce_scatter", sendbuf, recvbuf, op):
         return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
     _reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout)
 
@@ -113,7 +118,7 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
             f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
             + ("" if send is None else f" and {counts[r]}")
         )
-    ran, timed = _choose(ctx, name, algorithm, source.nbytes)
+    ran, timed = _choose(ctx, name, algorithm, source.nbytes, comm)
     t0 = time.perf_counter()
     _trace_call()
     if ran == "mpi":  # AVG: the library's SUM, divided here
@@ -145,7 +150,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
     or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
     ring moves bytes."""
-    if algorithm == "auto" and _small(recvbuf):
+    if algorithm == "auto" and (_small(recvbuf) or _settled(comm, "Allgather", None, recvbuf)):
         return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
@@ -167,7 +172,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
         )
     if send is not None and not recv.flags.c_contiguous:
         raise ValueError("Allgather: recvbuf must be contiguous")
-    ran, timed = _choose(ctx, "Allgather", algorithm, recv.nbytes)
+    ran, timed = _choose(ctx, "Allgather", algorithm, recv.nbytes, comm)
     t0 = time.perf_counter()
     _trace_call()
     if ran == "mpi":
@@ -208,6 +213,20 @@ def _small(buf: Any, op: Any = MPI.SUM) -> bool:
     return (type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES and op is not AVG
             and not _TRACES)  # fmt: skip
 
+
+def _settled(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> bool:
+    """Whether auto's tuner settled this size on this communicator object for the
+    library's call: then it is made first thing."""
+    buf = recvbuf if sendbuf is None or sendbuf is _IN_PLACE else sendbuf
+    if type(buf) is not np.ndarray or op is AVG or _TRACES:
+        return False
+    return _to_library.get((id(comm), name, buf.nbytes.bit_length()), _ALLGATHER) is comm
+
+
+# (id of the communicator object, collective, size class) -> that object, where auto's
+# tuner settled on the library's call (held, so the id names no other; emptied when a
+# communicator is freed).
+_to_library: Bounded[tuple, Any] = _cache.derived(Bounded(256))
 
 # The library's calls as the small path makes them (Comm's: inter-communicators too).
 _ALLGATHER, _RSB, _RS = MPI.Comm.Allgather, MPI.Comm.Reduce_scatter_block, MPI.Comm.Reduce_scatter
@@ -253,13 +272,13 @@ def _finish(red, recv: np.ndarray, count: int, n: int) -> None:
         recv.flat[:count] = mine
 
 
-def _choose(ctx, name: str, algorithm: str, nbytes: int):
+def _choose(ctx, name: str, algorithm: str, nbytes: int, comm: Any):
     """(what runs, None or the callable that takes this call's seconds: a trial)."""
     if algorithm != "auto":
         return algorithm, None
     if _settings.current().tuner == "off" or ctx.size == 1:
         return ("ring" if nbytes >= RING_FROM_BYTES else "mpi"), None
-    return ctx.state(_Tuned).choose(name, nbytes)
+    return ctx.state(_Tuned).choose(name, nbytes, comm)
 
 
 class _Tuned:
@@ -279,7 +298,7 @@ class _Tuned:
     def free(self) -> None:
         self.won.clear()
 
-    def choose(self, name: str, nbytes: int):
+    def choose(self, name: str, nbytes: int, comm: Any):
         key = (name, nbytes.bit_length())
         found = self.won.get(key)
         if found is not None:
@@ -295,6 +314,8 @@ class _Tuned:
                 self.ctx.comm.Allreduce(np.array(mine), slowest, op=MPI.MAX)
                 ring, library = slowest
                 self.won[key] = "ring" if ring < library * (1 - MARGIN) else "mpi"
+                if self.won[key] == "mpi":  # later calls go there first thing
+                    _to_library.put((id(comm), *key), comm)
                 del self.trials[key]
 
         return candidate, timed

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from . import _direct, _halves, _progress, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
 from ._cache import Bounded, derived
-from ._comm import Context, check_comm, context
+from ._comm import Context, check_comm, context, polled, ready
 from ._errors import RingMPIError, UnsupportedError
 from .algorithms import tuner
 from .kernels import AVG, Reduction, reduction
@@ -169,15 +169,11 @@ def _library_allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Comm,
     if not timeout:
         MPI.Comm.Allreduce(comm, sendbuf, recvbuf, op)
         return
-    req = MPI.Comm.Iallreduce(comm, sendbuf, recvbuf, op)
-    start = time.monotonic()
-    while not req.Test():
-        if time.monotonic() - start > timeout:
-            raise RingMPIError(
-                f"rank {comm.Get_rank()}: the library's MPI_Iallreduce: waited {timeout:g} s "
-                "for the other ranks (MPI does not say which) without progress (timeout)"
-            )
-        time.sleep(0.0005)
+    if not polled(MPI.Comm.Iallreduce(comm, sendbuf, recvbuf, op), timeout):
+        raise RingMPIError(
+            f"rank {comm.Get_rank()}: the library's MPI_Iallreduce: waited {timeout:g} s "
+            "for the other ranks (MPI does not say which) without progress (timeout)"
+        )
 
 
 # What users call: a builtin that runs repeats of the library's call from C
@@ -370,11 +366,7 @@ def _run(
     reproducible: bool = False,
 ):
     """Run the call; returns (context, algorithm, timeout) unless it was validated."""
-    ctx = context(comm, timeout)
-    if ctx.progress is not None:  # the nonblocking calls started before this one run first
-        ctx.progress.drain()
-    if ctx.broken is not None:
-        raise RingMPIError(ctx.broken)
+    ctx = ready(comm, timeout)
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red, reproducible)
     if validate:
         _validate(ctx, count, red, algo.name, timeout)
@@ -510,7 +502,8 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
             or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
         and not _trace._active  # a traced call takes the full path, to be recorded
-        and ctx.progress is None  # a call after nonblocking ones waits for them first
+        # a repeat does not wait for queued nonblocking calls: none may be queued
+        and (ctx.progress is None or not ctx.progress.busy())
     )
     if not simple:
         return

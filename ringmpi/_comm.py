@@ -22,8 +22,8 @@ from .kernels import Reduction, decode_tag
 from .plans import Plan
 
 __all__ = [
-    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce",
-    "sleepy_barrier", "timed_out",
+    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce", "polled",
+    "ready", "sleepy_barrier", "timed_out",
 ]  # fmt: skip
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI
@@ -239,16 +239,34 @@ def library_allreduce(ctx: Context, send, recv: np.ndarray, op: MPI.Op, timeout:
 
 def _arrive(comm: MPI.Intracomm, timeout: float) -> None:
     """The first call on ``comm``: wait for every rank, giving up after ``timeout``."""
-    req = comm.Ibarrier()
+    if not polled(comm.Ibarrier(), timeout):
+        raise RingMPIError(
+            f"rank {comm.Get_rank()}: setting up the communicator (its first call): "
+            f"waited {timeout:g} s for {_EVERYONE} without progress (timeout); the "
+            "barrier stays posted on the communicator: end the job"
+        )
+
+
+def polled(req: MPI.Request, timeout: float) -> bool:
+    """Poll ``req`` every 0.5 ms until it completes (True) or ``timeout`` seconds pass
+    (False), for a wait that has no context to break off."""
     start = time.monotonic()
     while not req.Test():
         if time.monotonic() - start > timeout:
-            raise RingMPIError(
-                f"rank {comm.Get_rank()}: setting up the communicator (its first call): "
-                f"waited {timeout:g} s for {_EVERYONE} without progress (timeout); the "
-                "barrier stays posted on the communicator: end the job"
-            )
+            return False
         time.sleep(0.0005)
+    return True
+
+
+def ready(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
+    """The context a blocking call runs on: the nonblocking calls started on it before
+    have run, and it is not broken off (RingMPIError)."""
+    ctx = context(comm, timeout)
+    if ctx.progress is not None:
+        ctx.progress.drain()
+    if ctx.broken is not None:
+        raise RingMPIError(ctx.broken)
+    return ctx
 
 
 def _crowded(node: MPI.Intracomm) -> bool:

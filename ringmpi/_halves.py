@@ -27,8 +27,8 @@ from mpi4py import MPI
 from . import _cache, _engine, _settings, _trace
 from ._buffers import _as_array, _kind
 from ._cache import Bounded
-from ._comm import check_comm, context
-from ._errors import RingMPIError, UnsupportedError
+from ._comm import check_comm, ready
+from ._errors import UnsupportedError
 from .algorithms.ring import all_gather_owned, reduce_scatter
 from .kernels import AVG, reduction
 
@@ -247,12 +247,7 @@ def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
                 "'mpi' hand it to the library)"
             )
         return None
-    ctx = context(check_comm(comm), waits)
-    if ctx.progress is not None:  # the nonblocking calls started before this one run first
-        ctx.progress.drain()
-    if ctx.broken is not None:
-        raise RingMPIError(ctx.broken)
-    return ctx, waits
+    return ready(check_comm(comm), waits), waits
 
 
 def _writable(recvbuf: Any) -> np.ndarray:

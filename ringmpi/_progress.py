@@ -113,6 +113,10 @@ class Progress:
             self._pending += 1
             self._cv.notify_all()
 
+    def busy(self) -> bool:
+        """Whether calls are queued or running."""
+        return self._pending > 0
+
     def on_thread(self) -> bool:
         return threading.get_ident() == self._thread.ident
 
@@ -177,7 +181,9 @@ def start(ctx, job: Job, request: bool = True) -> Request | None:
     request, or None when ``request`` is False (``job.then`` reports instead)."""
     if ctx.progress is None:
         ctx.progress = Progress()
-        _cache.changed()  # repeats remembered so far would not wait for the thread
+    # Remembered repeats skip the wait for queued calls: forget them while any is queued
+    # (a loop of nonblocking calls alone has none to forget).
+    _cache.changed()
     req = None
     if request:
         job.greq = MPI.Grequest.Start(job.query)

@@ -155,3 +155,18 @@ def test_the_progress_thread_ends_with_the_communicator():
     after = sum(1 for t in _progress.threading.enumerate() if t.name == "ringmpi-progress")
     problems = [] if after == before - 1 else [f"progress threads {before} -> {after}"]
     agree(WORLD, problems + mismatch("freed", buf, expected(100)))
+
+
+def test_repeats_are_remembered_again_once_the_queue_is_empty():
+    from ringmpi import _api
+
+    buf = inputs(64)
+    ringmpi.Iallreduce(MPI.IN_PLACE, inputs(64)).Wait()  # WORLD has a progress thread
+    for k in range(3):
+        buf[...] = inputs(64, k=k)
+        ringmpi.Allreduce(MPI.IN_PLACE, buf)
+    problems = [] if id(buf) in _api._last else ["the blocking repeat was not remembered"]
+    queued = ringmpi.Iallreduce(MPI.IN_PLACE, inputs(1 << 16))  # forgets it while queued
+    problems += [] if id(buf) not in _api._last else ["a repeat stayed remembered"]
+    queued.Wait()
+    agree(WORLD, problems + mismatch("repeat", buf, expected(64, k=2)))

@@ -1,19 +1,32 @@
 """The ring's two halves as collectives: Reduce_scatter_block, Reduce_scatter, Allgather.
 
-Each is one phase of the ring all-reduce run alone (:func:`ringmpi.algorithms.ring.
-reduce_scatter`, :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps
-with the ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
-busbw = algbw·(N-1)/N). ``algorithm`` is ``"auto"``, ``"ring"`` or ``"mpi"``
-(the library's own call, with the arguments as given). Below
-:data:`RING_FROM_BYTES` of buffer, where a call is latency-bound and the
-library's log-depth algorithms win, auto hands a NumPy buffer to the library at
-once. From there it tunes itself per communicator and size class (a power of
-two of the buffer's bytes): its first
-calls of a class take turns between the two, timed, then every rank keeps the
-one whose slowest rank's median is lower (the library's unless the ring is 5 %
-faster); with the tuner off (``RINGMPI_TUNER=off``) it runs the ring. What
-ringmpi cannot do itself goes to the library under ``auto`` and ``mpi``, as for
-:func:`ringmpi.Allreduce`. The library's calls take no ``timeout``.
+Each has mpi4py's signature and four ways to run:
+
+* ``ring``: the phase of the ring all-reduce alone
+  (:func:`ringmpi.algorithms.ring.reduce_scatter`,
+  :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps with the
+  ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
+  busbw = algbw·(N-1)/N).
+* ``recursive_halving`` (reduce-scatter) and ``recursive_doubling``
+  (all-gather): Rabenseifner's halves (:mod:`ringmpi.algorithms.latency`), lg N
+  steps and the ring's bytes for a power of two N, two more steps for the
+  ranks folded in pairs otherwise.
+* ``shared_memory``: through the node's window, no message
+  (:func:`ringmpi.algorithms.shared.shared_memory_halves`); every rank of the
+  communicator on one node. The half types' reduce-scatter runs only this way
+  (the others would round partial results to 16 bits).
+* ``mpi``: the library's own call, with the arguments as given.
+
+``auto`` hands a NumPy buffer below :data:`RING_FROM_BYTES` to the library at
+once: there a call is latency-bound and ringmpi's Python entry costs more than
+any algorithm saves. From there it tunes itself per communicator and size
+class (a power of two of the buffer's bytes): the first calls of a class take
+turns among the ways that can run (the latency variant from 3 ranks, shared
+memory on one node), timed, then every rank keeps the one whose slowest rank's
+median is lowest (the library's unless another is 5 % faster). With the tuner
+off (``RINGMPI_TUNER=off``) it runs the ring from :data:`RING_FROM_BYTES`.
+What ringmpi cannot do itself goes to the library under ``auto`` and ``mpi``,
+as for :func:`ringmpi.Allreduce`. The library's calls take no ``timeout``.
 """
 
 from __future__ import annotations
@@ -29,10 +42,13 @@ from ._buffers import _as_array, _kind
 from ._cache import Bounded
 from ._comm import check_comm, ready
 from ._errors import UnsupportedError
+from .algorithms.latency import doubling_all_gather, halving_reduce_scatter
 from .algorithms.ring import all_gather_owned, reduce_scatter
+from .algorithms.shared import shared_memory_halves
 from .kernels import AVG, reduction
 
-__all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_block"]
+__all__ = ["ALLGATHER_ALGORITHMS", "REDUCE_SCATTER_ALGORITHMS", "RING_FROM_BYTES", "Allgather",
+           "Reduce_scatter", "Reduce_scatter_block"]  # fmt: skip
 
 # auto with the tuner off: the ring from this size of the whole buffer, the library's
 # call below it (docs/performance.md, "The ring's halves").
@@ -41,7 +57,14 @@ RING_FROM_BYTES = 64 << 10
 # unless the ring's are this much faster (as for the all-reduce).
 TRIALS = 4
 MARGIN = 0.05
-_ALGORITHMS = ("auto", "ring", "mpi")
+# What each collective takes as ``algorithm`` (the latency variant: Rabenseifner's half).
+REDUCE_SCATTER_ALGORITHMS = ("auto", "ring", "recursive_halving", "shared_memory", "mpi")
+ALLGATHER_ALGORITHMS = ("auto", "ring", "recursive_doubling", "shared_memory", "mpi")
+_ALGORITHMS = {
+    "Reduce_scatter_block": REDUCE_SCATTER_ALGORITHMS,
+    "Reduce_scatter": REDUCE_SCATTER_ALGORITHMS,
+    "Allgather": ALLGATHER_ALGORITHMS,
+}
 
 
 def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
@@ -118,30 +141,60 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
             f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
             + ("" if send is None else f" and {counts[r]}")
         )
-    ran, timed = _choose(ctx, name, algorithm, source.nbytes, comm)
+    if red.half and algorithm in ("ring", "recursive_halving"):
+        raise TypeError(f"{name}: {red.describe()}: algorithm {algorithm!r} forwards partial "
+                        "results, rounded to 16 bits at every step (shared_memory folds every "
+                        "contribution at once; auto takes it on one node)")  # fmt: skip
+    ran, timed = _choose(ctx, name, algorithm, source.nbytes, comm, red.half)
     t0 = time.perf_counter()
     _trace_call()
     if ran == "mpi":  # AVG: the library's SUM, divided here
-        _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), red.mpi_op)
-        _finish(red, recv, counts[r], n)
+        _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)),
+                 op if red.half else red.mpi_op)  # fmt: skip
+        if not red.half:
+            _finish(red, recv, counts[r], n)
+    elif ran == "shared_memory":
+        _shm_reduce_scatter(ctx, source, recv, counts, red, waits, send is None)
     else:
-        _ring_reduce_scatter(ctx, source, recv, counts, red, waits)
+        _plan_reduce_scatter(ctx, source, recv, counts, red, waits, ran)
     if timed is not None:
         timed(time.perf_counter() - t0)
 
 
-def _ring_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
-                         waits: float) -> None:  # fmt: skip
+def _plan_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
+                         waits: float, algorithm: str) -> None:  # fmt: skip
     total, r = sum(counts), ctx.rank
     work = ctx.scratch(total * recv.itemsize).view(recv.dtype)  # kept: no page faults
-    plan = ctx.plan(reduce_scatter(tuple(counts)), total, recv.itemsize)
-    _engine.run(plan, work, red, ctx, "ring", waits, source=np.ascontiguousarray(source))
+    build = (reduce_scatter if algorithm == "ring" else halving_reduce_scatter)(tuple(counts))
+    plan = ctx.plan(build, total, recv.itemsize)
+    _engine.run(plan, work, red, ctx, algorithm, waits, source=np.ascontiguousarray(source))
     start = sum(counts[:r])
-    mine = work[start : start + counts[r]]
-    if recv.flags.c_contiguous:
-        recv.reshape(-1)[: counts[r]] = mine
+    _put(recv, work[start : start + counts[r]])
+
+
+def _shm_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
+                        waits: float, in_place: bool) -> None:  # fmt: skip
+    """Through the node's window: this rank's block straight into ``recv`` unless
+    the input is there too (in place) or ``recv`` is not contiguous."""
+    r = ctx.rank
+    straight = recv.flags.c_contiguous and not in_place
+    out = (recv.reshape(-1)[: counts[r]] if straight
+           else ctx.scratch(counts[r] * recv.itemsize).view(recv.dtype))  # fmt: skip
+    if ctx.size == 1:
+        out[...] = source[: counts[r]]
     else:
-        recv.flat[: counts[r]] = mine
+        shared_memory_halves(out, np.ascontiguousarray(source), sum(counts[:r]), counts, red,
+                             ctx, waits, gather=False)  # fmt: skip
+    if not straight:
+        _put(recv, out)
+
+
+def _put(recv: np.ndarray, mine: np.ndarray) -> None:
+    """``mine`` into the first elements of ``recv``."""
+    if recv.flags.c_contiguous:
+        recv.reshape(-1)[: mine.size] = mine
+    else:
+        recv.flat[: mine.size] = mine
 
 
 def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
@@ -178,12 +231,14 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     if ran == "mpi":
         _library("Allgather", comm, sendbuf, recvbuf)
     else:
-        _ring_allgather(ctx, send, recv, waits)
+        _plan_allgather(ctx, send, recv, waits, ran)
     if timed is not None:
         timed(time.perf_counter() - t0)
 
 
-def _ring_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float) -> None:
+def _plan_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float,
+                    algorithm: str) -> None:  # fmt: skip
+    """The all-gather on bytes, into ``recv`` where it is contiguous."""
     n, r = ctx.size, ctx.rank
     block = recv.nbytes // n
     work = (
@@ -195,8 +250,11 @@ def _ring_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float
         work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
     if send is not None:
         work[r * block : (r + 1) * block] = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
-    plan = ctx.plan(all_gather_owned((block,) * n), n * block, 1)
-    _engine.run(plan, work, _BYTES, ctx, "ring", waits)
+    if algorithm == "shared_memory":
+        shared_memory_halves(work, work, r * block, (block,) * n, _BYTES, ctx, waits, gather=True)
+    else:
+        build = (all_gather_owned if algorithm == "ring" else doubling_all_gather)((block,) * n)
+        _engine.run(ctx.plan(build, n * block, 1), work, _BYTES, ctx, algorithm, waits)
     if not recv.flags.c_contiguous:
         recv[...] = work.view(recv.dtype).reshape(recv.shape)
 
@@ -235,19 +293,24 @@ _WORLD, _IN_PLACE, _TRACES = MPI.COMM_WORLD, MPI.IN_PLACE, _trace._active
 
 def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
     """(context, timeout) for a call ringmpi runs, or None for the library's."""
-    if algorithm not in _ALGORITHMS:
-        raise ValueError(f"{name}: algorithm must be one of {', '.join(_ALGORITHMS)}, "
+    if algorithm not in _ALGORITHMS[name]:
+        raise ValueError(f"{name}: algorithm must be one of {', '.join(_ALGORITHMS[name])}, "
                          f"not {algorithm!r}")  # fmt: skip
     settings = _settings.current()
     waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
     if isinstance(comm, MPI.Intercomm) and comm != MPI.COMM_NULL:
-        if algorithm == "ring":
+        if algorithm not in ("auto", "mpi"):
             raise UnsupportedError(
-                f"{name}: algorithm 'ring' cannot run on an inter-communicator (auto and "
-                "'mpi' hand it to the library)"
+                f"{name}: algorithm {algorithm!r} cannot run on an inter-communicator (auto "
+                "and 'mpi' hand it to the library)"
             )
         return None
-    return ready(check_comm(comm), waits), waits
+    ctx = ready(check_comm(comm), waits)
+    if algorithm == "shared_memory" and ctx.node.Get_size() != ctx.size:
+        raise ValueError(f"{name}: algorithm 'shared_memory' needs every rank of the "
+                         f"communicator on one node; rank {ctx.rank}'s node holds "
+                         f"{ctx.node.Get_size()} of its {ctx.size} ranks")  # fmt: skip
+    return ctx, waits
 
 
 def _writable(recvbuf: Any) -> np.ndarray:
@@ -267,24 +330,42 @@ def _finish(red, recv: np.ndarray, count: int, n: int) -> None:
         recv.flat[:count] = mine
 
 
-def _choose(ctx, name: str, algorithm: str, nbytes: int, comm: Any):
+def _choose(ctx, name: str, algorithm: str, nbytes: int, comm: Any, half: int = 0):
     """(what runs, None or the callable that takes this call's seconds: a trial)."""
     if algorithm != "auto":
         return algorithm, None
-    if _settings.current().tuner == "off" or ctx.size == 1:
+    candidates = _candidates(ctx, name, half)
+    if len(candidates) == 1:
+        return candidates[0], None
+    if _settings.current().tuner == "off":
         return ("ring" if nbytes >= RING_FROM_BYTES else "mpi"), None
-    return ctx.state(_Tuned).choose(name, nbytes, comm)
+    return ctx.state(_Tuned).choose(name, nbytes, comm, candidates)
+
+
+def _candidates(ctx, name: str, half: int) -> tuple[str, ...]:
+    """What auto may run on ``ctx``: the library's call always; the ring; the latency
+    variant from 3 ranks (at 2 it is the ring); shared memory on one node. The
+    half types: shared memory on one node (one rounding), else the library."""
+    one_node = ctx.node.Get_size() == ctx.size
+    if half:  # no trial of a library that may not take them
+        return ("shared_memory",) if one_node else ("mpi",)
+    if ctx.size == 1:
+        return ("mpi",)
+    shared = ("shared_memory",) if one_node else ()
+    latency = ("recursive_doubling" if name == "Allgather" else "recursive_halving",)
+    return ("ring", *(latency if ctx.size > 2 else ()), *shared, "mpi")
 
 
 class _Tuned:
-    """auto's choices on one communicator, per (collective, size class), tuned online."""
+    """auto's choices on one communicator, per (collective, size class, candidates),
+    tuned online."""
 
     name = "halves-auto"  # its key among the communicator's states
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
-        self.won: dict[tuple[str, int], str] = {}
-        self.trials: dict[tuple[str, int], list[tuple[str, float]]] = {}
+        self.won: dict[tuple, str] = {}
+        self.trials: dict[tuple, list[tuple[str, float]]] = {}
 
     @classmethod
     def state(cls, ctx) -> _Tuned:
@@ -293,30 +374,31 @@ class _Tuned:
     def free(self) -> None:
         self.won.clear()
 
-    def choose(self, name: str, nbytes: int, comm: Any):
-        key = (name, nbytes.bit_length())
+    def choose(self, name: str, nbytes: int, comm: Any, candidates: tuple[str, ...]):
+        """The candidates take turns for TRIALS calls each; then every rank keeps the
+        one whose slowest rank's median is lowest, the library's (the last)
+        unless another is MARGIN faster."""
+        key = (name, nbytes.bit_length(), candidates)
         found = self.won.get(key)
         if found is not None:
             return found, None
         trials = self.trials.setdefault(key, [])
-        candidate = _CANDIDATES[len(trials) % 2]
+        candidate = candidates[len(trials) % len(candidates)]
 
         def timed(seconds: float) -> None:
             trials.append((candidate, seconds))
-            if len(trials) == 2 * TRIALS:  # every rank here at the same call: agree
-                mine = [float(np.median([t for a, t in trials if a == c])) for c in _CANDIDATES]
-                slowest = np.empty(2)
-                self.ctx.comm.Allreduce(np.array(mine), slowest, op=MPI.MAX)
-                ring, library = slowest
-                self.won[key] = "ring" if ring < library * (1 - MARGIN) else "mpi"
-                if self.won[key] == "mpi":  # later calls go there first thing
-                    _to_library.put((id(comm), *key), comm)
+            if len(trials) == len(candidates) * TRIALS:  # every rank at the same call: agree
+                mine = np.array([np.median([t for a, t in trials if a == c]) for c in candidates])
+                slowest = np.empty_like(mine)
+                self.ctx.comm.Allreduce(mine, slowest, op=MPI.MAX)
+                best = int(np.argmin(slowest[:-1]))
+                won = candidates[best] if slowest[best] < slowest[-1] * (1 - MARGIN) else "mpi"
+                self.won[key] = won
+                if won == "mpi" and "ring" in candidates:  # later calls go there first thing
+                    _to_library.put((id(comm), *key[:2]), comm)
                 del self.trials[key]
 
         return candidate, timed
-
-
-_CANDIDATES = ("ring", "mpi")
 
 
 def _trace_call() -> None:
@@ -327,8 +409,8 @@ def _trace_call() -> None:
 def _library(name: str, comm: Any, *args: Any, why: str = "", algorithm: str = "auto") -> None:
     """The library's own collective ``name`` on the user's communicator, the arguments
     as given (``why``: what ringmpi cannot do, which a named ring refuses)."""
-    if why and algorithm == "ring":
-        raise UnsupportedError(f"{why}; algorithm 'ring' cannot run this call (auto and 'mpi' "
-                               "hand it to the MPI library's own collective)")  # fmt: skip
+    if why and algorithm not in ("auto", "mpi"):
+        raise UnsupportedError(f"{why}; algorithm {algorithm!r} cannot run this call (auto and "
+                               "'mpi' hand it to the MPI library's own collective)")  # fmt: skip
     comm = MPI.COMM_WORLD if comm is None else comm
     getattr(MPI.Comm, name)(comm, *args)

@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import verify
+from ringmpi.kernels import as_dtype
 
 pytestmark = pytest.mark.mpi
 
@@ -44,7 +45,11 @@ def mismatch(what: str, got: np.ndarray, want: np.ndarray) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "auto", "mpi"])
+RS_NAMED = ["ring", "recursive_halving", "shared_memory"]
+AG_NAMED = ["ring", "recursive_doubling", "shared_memory"]
+
+
+@pytest.mark.parametrize("algorithm", [*RS_NAMED, "auto", "mpi"])
 @pytest.mark.parametrize(
     ("op", "dtype"),
     PAIRS,
@@ -68,12 +73,12 @@ def test_reduce_scatter_block(algorithm, op, dtype):
         rest = inplace[k:].copy()
         ringmpi.Reduce_scatter_block(None, inplace, op, algorithm=algorithm)
         problems += mismatch(f"{k} in place", inplace[:k], want)
-        if algorithm == "ring":  # the library may use the rest as scratch
+        if algorithm in RS_NAMED:  # the library may use the rest as scratch
             problems += mismatch(f"{k} in place, the rest untouched", inplace[k:], rest)
     agree(WORLD, problems)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "auto"])
+@pytest.mark.parametrize("algorithm", [*RS_NAMED, "auto"])
 @pytest.mark.parametrize(("op", "dtype"), [(MPI.SUM, "float32"), (MPI.MAX, "int16")])
 def test_reduce_scatter_uneven_counts(algorithm, op, dtype):
     problems = []
@@ -81,8 +86,8 @@ def test_reduce_scatter_uneven_counts(algorithm, op, dtype):
                    [r * 1000 for r in range(SIZE)], [5] * (SIZE - 1) + [0]):  # fmt: skip
         total, start = sum(counts), sum(counts[:RANK])
         want = expected(op, dtype, total)[start : start + counts[RANK]]
-        # the ring takes a longer recvbuf, and leaves the rest (mpi4py refuses one)
-        extra = 2 if algorithm == "ring" else 0
+        # ringmpi takes a longer recvbuf, and leaves the rest (mpi4py refuses one)
+        extra = 2 if algorithm in RS_NAMED else 0
         out = np.full(counts[RANK] + extra, 7, dtype)
         ringmpi.Reduce_scatter(inputs(op, dtype, total), out, counts, op, algorithm=algorithm)
         problems += mismatch(f"{counts}", out[: counts[RANK]], want)
@@ -96,7 +101,7 @@ def test_reduce_scatter_uneven_counts(algorithm, op, dtype):
     agree(WORLD, problems)
 
 
-@pytest.mark.parametrize("algorithm", ["ring", "auto", "mpi"])
+@pytest.mark.parametrize("algorithm", [*AG_NAMED, "auto", "mpi"])
 @pytest.mark.parametrize("dtype", ["float64", "int8", "bool", "complex128", "longdouble"])
 def test_allgather(algorithm, dtype):
     problems = []
@@ -109,7 +114,7 @@ def test_allgather(algorithm, dtype):
             problems += mismatch(f"{k} a block, call {call}", out, want)
         inplace = np.zeros(k * SIZE, dtype)
         inplace[RANK * k : (RANK + 1) * k] = blocks[RANK]
-        ringmpi.Comm(WORLD).Allgather(MPI.IN_PLACE, inplace)
+        ringmpi.Allgather(MPI.IN_PLACE, inplace, algorithm=algorithm)
         problems += mismatch(f"{k} in place", inplace, want)
     agree(WORLD, problems)
 
@@ -142,6 +147,75 @@ def test_the_ring_sends_every_chunk_but_one():
     if (t.bytes_sent, t.steps) != ((SIZE - 1) * k * 8, SIZE - 1):
         problems.append(f"all-gather (bytes, steps) {(t.bytes_sent, t.steps)}")
     agree(WORLD, problems)
+
+
+def test_recursive_halving_and_doubling_send_the_closed_form():
+    """Power-of-two ranks: every block but the own one, in lg N steps. Otherwise the
+    first 2(N - p) ranks fold in pairs (p the power of two below N): the even
+    rank sends its whole input and receives its block, the odd one sends one
+    more step (the trace counts the steps that sent)."""
+    k, problems = 256, []
+    p = 1 << (SIZE.bit_length() - 1)
+    rem, lg = SIZE - p, p.bit_length() - 1
+    folded_even = 2 * rem > RANK and RANK % 2 == 0
+    with ringmpi.trace() as t:
+        ringmpi.Reduce_scatter_block(inputs(MPI.SUM, "float32", k * SIZE), np.empty(k, "f4"),
+                                     algorithm="recursive_halving")  # fmt: skip
+    if folded_even:
+        want = (SIZE * k * 4, 1)
+    else:  # a folded pair's odd rank halves both blocks, then hands back its partner's
+        want = ((SIZE - 1) * k * 4, lg + (1 if 2 * rem > RANK else 0))
+    if (t.bytes_sent, t.steps) != want:
+        problems.append(f"recursive halving (bytes, steps) {(t.bytes_sent, t.steps)} != {want}")
+    with ringmpi.trace() as t:
+        ringmpi.Allgather(np.ones(k, "f8"), np.empty(k * SIZE, "f8"),
+                          algorithm="recursive_doubling")  # fmt: skip
+    if not rem and (t.bytes_sent, t.steps) != ((SIZE - 1) * k * 8, lg):
+        problems.append(f"recursive doubling (bytes, steps) {(t.bytes_sent, t.steps)}")
+    if folded_even and (t.bytes_sent, t.steps) != (k * 8, 1):
+        problems.append(f"recursive doubling, folded (bytes, steps) {(t.bytes_sent, t.steps)}")
+    agree(WORLD, problems)
+
+
+def test_shared_memory_stores_and_loads_the_closed_form():
+    """Reduce-scatter: a rank stores every block but its own in its slot and loads its
+    own block from the N - 1 others; all-gather: it stores its block, loads the
+    others'. No message."""
+    counts = [r + 1 for r in range(SIZE)]
+    total, problems = sum(counts), []
+    with ringmpi.trace() as t:
+        ringmpi.Reduce_scatter(inputs(MPI.SUM, "int64", total), np.empty(counts[RANK], "i8"),
+                               counts, algorithm="shared_memory")  # fmt: skip
+    want = (0, 8 * (total - counts[RANK]), 8 * (SIZE - 1) * counts[RANK])
+    if SIZE > 1 and (t.bytes_sent, t.shared_written, t.shared_read) != want:
+        problems.append(f"reduce-scatter {(t.bytes_sent, t.shared_written, t.shared_read)}")
+    with ringmpi.trace() as t:
+        ringmpi.Allgather(np.ones(5, "f4"), np.empty(5 * SIZE, "f4"), algorithm="shared_memory")
+    if (t.bytes_sent, t.shared_written, t.shared_read) != (0, 20, 20 * (SIZE - 1)):
+        problems.append(f"all-gather {(t.bytes_sent, t.shared_written, t.shared_read)}")
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", [MPI.SUM, ringmpi.AVG, MPI.MAX])
+def test_half_types_reduce_scatter_through_shared_memory(dtype, op):
+    """Every contribution widened and folded at once, rounded once: exact on small
+    integers (AVG: of their float32 mean); auto takes this way on one node."""
+    dt = as_dtype(dtype)
+    k, problems = 300_000, []  # several pieces
+    x = ((np.arange(k * SIZE) % 13) + RANK).astype(np.float32)
+    exact = [(np.arange(k * SIZE) % 13).astype(np.float32) + r for r in range(SIZE)]
+    want32 = (sum(exact) / SIZE if op is ringmpi.AVG else
+              np.maximum.reduce(exact) if op is MPI.MAX else sum(exact))  # fmt: skip
+    want = want32.astype(dt)[RANK * k : (RANK + 1) * k]
+    for algorithm in ("shared_memory", "auto"):
+        out = np.empty(k, dt)
+        ringmpi.Reduce_scatter_block(x.astype(dt), out, op, algorithm=algorithm)
+        problems += mismatch(f"{algorithm}", out, want)
+    agree(WORLD, problems)
+    if SIZE > 1:
+        with pytest.raises(TypeError, match="rounded to 16 bits"):
+            ringmpi.Reduce_scatter_block(x.astype(dt), np.empty(k, dt), op, algorithm="ring")
 
 
 @pytest.mark.parametrize("comm", [None, WORLD], ids=["default", "world"])
@@ -188,6 +262,14 @@ BAD = [
         ValueError,
         "not N = ",
         id="ag-size",
+    ),
+    pytest.param(
+        lambda: ringmpi.Reduce_scatter_block(
+            np.ones(SIZE), np.ones(1), algorithm="recursive_doubling"
+        ),
+        ValueError,
+        "recursive_halving, shared_memory, mpi, not 'recursive_doubling'",
+        id="rsb-algorithm",
     ),
     pytest.param(
         lambda: ringmpi.Allgather(np.ones(3), np.ones(3 * SIZE), algorithm="tree"),

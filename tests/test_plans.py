@@ -11,7 +11,7 @@ import pairwise
 import pytest
 
 from ringmpi import algorithms, plans
-from ringmpi.algorithms import chain, ring
+from ringmpi.algorithms import chain, latency, ring
 from ringmpi.schedule import chunk_bounds
 
 # Every registered algorithm that runs a plan, one registered from outside the package
@@ -227,3 +227,33 @@ def test_the_halves_alone(nranks, layout):
         assert ag.results[r] == [k for k in range(nranks) for _ in range(counts[k])]
         assert ag.bytes_sent[r] == 4 * (total - counts[(r + 1) % nranks])
         assert rs.steps[r] == ag.steps[r] == nranks - 1
+
+
+@pytest.mark.parametrize("nranks", range(1, 17))
+@pytest.mark.parametrize("layout", HALF_COUNTS, ids=["even", "rising", "uneven"])
+def test_the_halves_by_recursive_halving_and_doubling(nranks, layout):
+    """Rabenseifner's halves alone on MPI's layout: rank r ends with every contribution
+    to its own counts[r] elements (reduce-scatter) or with every rank's (all-gather),
+    in lg p steps for p = 2^k ranks, two more for the 2(N - p) ranks folded in pairs.
+    A rank sends every block but its own group's while halving; folded, the even rank
+    sends its whole input, the odd one hands back the even one's finished block."""
+    counts = layout(nranks)
+    total, bounds = sum(counts), [0, *itertools.accumulate(counts)]
+    p = 1 << (nranks.bit_length() - 1)
+    rem, lg = nranks - p, p.bit_length() - 1
+    rs = plans.simulate(latency.halving_reduce_scatter(counts), nranks, total, 4, complete=False)
+    ag = plans.simulate(latency.doubling_all_gather(counts), nranks, total, 4, complete=False)
+    for r in range(nranks):
+        mine = range(bounds[r], bounds[r + 1])
+        assert all(rs.held[r][e] == frozenset(range(nranks)) for e in mine)
+        assert ag.results[r] == [k for k in range(nranks) for _ in range(counts[k])]
+        if r < 2 * rem and r % 2 == 0:  # folded: its input out, its block back
+            assert (rs.steps[r], rs.bytes_sent[r]) == (2, 4 * total)
+            assert (ag.steps[r], ag.bytes_sent[r]) == (2, 4 * counts[r])
+            continue
+        group = counts[r] + (counts[r - 1] if r < 2 * rem else 0)
+        extra = 2 if r < 2 * rem else 0
+        assert rs.steps[r] == ag.steps[r] == lg + extra
+        assert rs.bytes_sent[r] == 4 * (total - group + (counts[r - 1] if extra else 0))
+        if layout is HALF_COUNTS[0] and not rem:  # p even blocks: (p-1)/p of the buffer
+            assert ag.bytes_sent[r] == 4 * (total - counts[r])

@@ -5,6 +5,11 @@
 * ``rabenseifner``: reduce-scatter by recursive halving, then all-gather by
   recursive doubling: 2 lg p steps and the ring's 2(p-1)/p buffers.
 
+The two halves of Rabenseifner's also run alone, on MPI's layout (rank r's
+block r, any counts): :func:`halving_reduce_scatter` and
+:func:`doubling_all_gather` (``ringmpi.Reduce_scatter`` and
+``ringmpi.Allgather``'s latency variants).
+
 Both fold a non-power-of-two N onto the largest power of two p <= N (two
 extra steps for the first 2(N - p) ranks). Both run in the compiled step
 engine; ``auto`` picks them for small buffers by the cost model.
@@ -12,13 +17,18 @@ engine; ``auto`` picks them for small buffers by the cost model.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from collections.abc import Callable
 
 from ..plans import FINAL, REDUCE, THEIRS_FIRST, Plan, Rows
 from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 from .registry import register
 
-__all__ = ["rabenseifner", "recursive_doubling"]
+__all__ = ["doubling_all_gather", "halving_reduce_scatter", "rabenseifner", "recursive_doubling"]
+
+PlanFn = Callable[[int, int, int, int], Plan]
 
 FOLD_IN, FOLD_OUT = "fold-in", "fold-out"
 RECURSIVE_DOUBLING = "recursive-doubling"
@@ -80,41 +90,119 @@ def rabenseifner(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
     """Reduce-scatter by recursive halving, all-gather by recursive doubling.
 
     The buffer is cut into p blocks; member ``newrank`` ends the halving with
-    block ``newrank`` finished. In halving step k (mask = p/2, p/4, ..., 1) the
-    member keeps the lower half of its block range if its ``mask`` bit is 0,
-    else the upper half, sends the other half to ``newrank xor mask`` and
-    reduces the half it keeps with what the partner sends. The all-gather
-    retraces the steps: each member swaps everything it holds with the
-    partner, doubling it.
+    block ``newrank`` finished (:func:`_halving`), and the doubling gives every
+    member every block (:func:`_doubling`).
     """
     rows = Rows(nranks, rank)
     p, rem, me = _fold(nranks, rank)
     _fold_in(rows, rank, rem, count)
     if me >= 0:
         blocks = chunk_bounds(count, p)
-        lo, hi = 0, p
-        mask, step = p >> 1, 0
-        while mask >= 1:
-            partner = me ^ mask
-            mid = (lo + hi) // 2
-            keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
-            action = REDUCE | (THEIRS_FIRST if partner < me else 0) | (FINAL if mask == 1 else 0)
-            peer = _real(partner, rem)
-            rows.add(REDUCE_SCATTER, step, _span(peer, blocks, give), _span(peer, blocks, keep),
-                     action)  # fmt: skip
-            lo, hi = keep
-            mask, step = mask >> 1, step + 1
-        mask, step = 1, 0
-        while mask < p:
-            partner = me ^ mask
-            size = hi - lo
-            theirs = (hi, hi + size) if me & mask == 0 else (lo - size, lo)
-            peer = _real(partner, rem)
-            rows.add(ALL_GATHER, step, _span(peer, blocks, (lo, hi)), _span(peer, blocks, theirs))
-            lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
-            mask, step = mask << 1, step + 1
+        _halving(rows, me, p, rem, blocks)
+        _doubling(rows, me, p, rem, blocks)
     _fold_out(rows, rank, rem, count)
     return rows.plan(count)
+
+
+def _halving(rows: Rows, me: int, p: int, rem: int, blocks: list[int]) -> None:
+    """Member ``me`` of p reduces block ``me`` of ``blocks`` (p + 1 bounds) over all p.
+
+    In step k (mask = p/2, p/4, ..., 1) the member keeps the lower half of its
+    block range if its ``mask`` bit is 0, else the upper half, sends the other
+    half to ``me xor mask`` and reduces the half it keeps with what the partner
+    sends: lg p steps, (p-1)/p of an even buffer sent."""
+    lo, hi = 0, p
+    mask, step = p >> 1, 0
+    while mask >= 1:
+        partner = me ^ mask
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
+        action = REDUCE | (THEIRS_FIRST if partner < me else 0) | (FINAL if mask == 1 else 0)
+        peer = _real(partner, rem)
+        rows.add(REDUCE_SCATTER, step, _span(peer, blocks, give), _span(peer, blocks, keep),
+                 action)  # fmt: skip
+        lo, hi = keep
+        mask, step = mask >> 1, step + 1
+
+
+def _doubling(rows: Rows, me: int, p: int, rem: int, blocks: list[int]) -> None:
+    """Member ``me`` of p, holding block ``me`` of ``blocks``, gathers all p: in step k
+    (mask = 1, 2, ..., p/2) it swaps everything it holds with ``me xor mask``,
+    doubling it: lg p steps, (p-1)/p of an even buffer sent."""
+    lo, hi = me, me + 1
+    mask, step = 1, 0
+    while mask < p:
+        partner = me ^ mask
+        size = hi - lo
+        theirs = (hi, hi + size) if me & mask == 0 else (lo - size, lo)
+        peer = _real(partner, rem)
+        rows.add(ALL_GATHER, step, _span(peer, blocks, (lo, hi)), _span(peer, blocks, theirs))
+        lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
+        mask, step = mask << 1, step + 1
+
+
+def _groups(bounds: list[int], p: int, rem: int) -> list[int]:
+    """The p + 1 bounds of the members' blocks when rank r owns elements
+    ``bounds[r]`` to ``bounds[r + 1]``: a member that stands for a folded pair owns
+    both ranks' (adjacent) blocks."""
+    return [bounds[2 * i if i < rem else i + rem] for i in range(p)] + [bounds[-1]]
+
+
+@functools.lru_cache(maxsize=64)
+def halving_reduce_scatter(counts: tuple[int, ...]) -> PlanFn:
+    """The plan builder of MPI_Reduce_scatter by recursive halving, rank r finishing
+    its ``counts[r]`` elements (rank order): lg p steps, each sending half of what
+    the rank still holds, (p-1)/p of an even buffer in all, for p a power of two.
+    Otherwise the first 2(N - p) ranks fold in pairs first (the even one sends
+    its whole input to the odd one), and the odd one returns the even one's
+    finished block last: two more steps."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+
+    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+        assert nranks == len(counts) and count == bounds[-1]
+        rows = Rows(nranks, rank)
+        p, rem, me = _fold(nranks, rank)
+        _fold_in(rows, rank, rem, count)
+        if me >= 0:
+            _halving(rows, me, p, rem, _groups(bounds, p, rem))
+        if rank < 2 * rem:
+            pair = rank - rank % 2  # the even rank's block
+            block = (bounds[pair], counts[pair])
+            if rank % 2 == 0:
+                rows.add(FOLD_OUT, 0, recv=(rank + 1, *block))
+            else:
+                rows.add(FOLD_OUT, 0, send=(rank - 1, *block))
+        return rows.plan(count)
+
+    return build
+
+
+@functools.lru_cache(maxsize=64)
+def doubling_all_gather(counts: tuple[int, ...]) -> PlanFn:
+    """The plan builder of MPI_Allgather by recursive doubling from rank r holding its
+    ``counts[r]`` elements (rank order): lg p steps, each swapping everything the
+    rank holds, (p-1)/p of an even buffer sent, for p a power of two. Otherwise the
+    first 2(N - p) ranks pair up: the even one hands its block to the odd one
+    first and receives the whole buffer from it last."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+
+    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+        assert nranks == len(counts) and count == bounds[-1]
+        rows = Rows(nranks, rank)
+        p, rem, me = _fold(nranks, rank)
+        if rank < 2 * rem:
+            pair = rank - rank % 2
+            block = (bounds[pair], counts[pair])
+            if rank % 2 == 0:
+                rows.add(FOLD_IN, 0, send=(rank + 1, *block))
+            else:
+                rows.add(FOLD_IN, 0, recv=(rank - 1, *block))
+        if me >= 0:
+            _doubling(rows, me, p, rem, _groups(bounds, p, rem))
+        _fold_out(rows, rank, rem, count)
+        return rows.plan(count)
+
+    return build
 
 
 def _span(peer: int, blocks: list[int], blockrange: tuple[int, int]) -> tuple[int, int, int]:

@@ -51,6 +51,7 @@ the communicator on one node; ``auto`` offers it only there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -74,7 +75,7 @@ from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "direct", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "direct", "shared_memory_halves", "warm"]
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
@@ -197,6 +198,113 @@ def _allreduce(work, source, data, flags, params, divisor):
             return
 
 
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _halves(out, source, own, starts, counts, data, flags, params, divisor, gather):
+    """One node's reduce-scatter (``gather`` 0) or all-gather (1) through the window.
+
+    Block r, ``counts[r]`` lanes from ``starts[r]``, is rank r's, and each piece
+    takes the next ``q`` lanes of every block. Reduce-scatter: a rank stores the
+    others' blocks' lanes in its slot (q = the set's lanes / L apart; its own too
+    for the half types), raises its flag and waits, then folds its own block's
+    lanes in local-rank order (its own operand from ``source`` at ``own``) into
+    ``out`` from q·piece on. All-gather: a rank stores its own block's lanes
+    (from ``source`` at ``own``; q = the whole set), waits, and copies the
+    others' into ``out`` at their blocks. The next piece's wait frees the
+    set, as in :func:`_allreduce`."""
+    rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
+    hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
+    sleepy, win, timeout = params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT]
+    half, avg_by = params[_HALF], params[_AVG_BY]
+    parts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
+    err = params[_NPARAMS:]
+    err[0] = 0
+    q = cap if gather else cap // size
+    total, longest = 0, 0
+    for r in range(size):
+        total += counts[r]
+        longest = max(longest, counts[r])
+    pieces = max(1, (longest + q - 1) // q)
+    me = rank * fstride
+    seq = flags[me]
+    wrote = read = 0
+    for k in range(pieces):
+        b = flags[me + _PIECE] & 1
+        flags[me + _PIECE] += 1
+        at = hdr + b * cap
+        mine = rank * dstride + at
+        if gather:
+            m = max(0, min(q, counts[rank] - k * q))
+            _copy(data, mine, source, own + k * q, m)
+            wrote += m
+        else:
+            for r in range(size):
+                m = max(0, min(q, counts[r] - k * q))
+                if r != rank or half:
+                    _copy(data, mine + r * q, source, starts[r] + k * q, m)
+                    wrote += m
+        flags[me + 1 + 2 * b] = total
+        flags[me + 2 + 2 * b] = tag
+        seq += 1
+        late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
+        if late >= 0:
+            err[0], err[1], err[2], err[3] = TIMED_OUT, k, late, 0
+            return
+        for r in range(size):
+            their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
+            if their_n != total or their_tag != tag:
+                err[0], err[1], err[2] = DISAGREE, k, r
+                err[3], err[4] = their_n, their_tag
+                return
+        if gather:
+            for r in range(size):
+                m = max(0, min(q, counts[r] - k * q))
+                if r != rank:
+                    _copy(out, starts[r] + k * q, data, r * dstride + at, m)
+                    read += m
+            continue
+        m = max(0, min(q, counts[rank] - k * q))
+        if m == 0:
+            continue
+        into = out[k * q : k * q + m]
+        if half:
+            for r in range(size):
+                parts[r] = r * dstride + at + rank * q
+            fold_half_parts(into, data, data, data.size, parts, 0, code, half, avg_by)
+        else:
+            fold_in_order_by_code(into, source[own + k * q : own + k * q + m], data, dstride,
+                                  at + rank * q, rank, size, code)  # fmt: skip
+            if divisor.size > 0:
+                divide_by(into, divisor)
+        read += (size - 1) * m
+    params[_WROTE], params[_READ] = wrote, read
+
+
+def shared_memory_halves(out: np.ndarray, source: np.ndarray, own: int, counts: Sequence[int],
+                         red: Reduction, ctx: Context, timeout: float,
+                         gather: bool) -> None:  # fmt: skip
+    """``ringmpi.Reduce_scatter`` (``gather`` False) or ``ringmpi.Allgather``'s
+    shared-memory way on one node (:func:`_halves`): ``counts`` per rank in
+    rank order, elements of ``red``'s dtype (the all-gather's: bytes, any
+    reduction of uint8). Reduce-scatter: ``source`` is the whole input, ``out``
+    receives this rank's block, and must not overlap ``source``. All-gather:
+    ``out`` is the whole buffer, this rank's block is in ``source`` from
+    ``own``. The rank order is the local-rank order (the node is the
+    communicator, split with the rank as key)."""
+    node, params, divisor, data, split = _shape(red, ctx, timeout)
+    into, frm = (red.lanes(out), red.lanes(source)) if split else (out, source)
+    per = red.lanes(np.zeros(1, red.dtype)).size if split else 1  # lanes an element
+    lanes = np.array(counts, np.int64) * per
+    starts = np.zeros(len(counts), np.int64)
+    np.cumsum(lanes[:-1], out=starts[1:])
+    _halves(into.reshape(-1), frm.reshape(-1), own * per, starts, lanes, data, node.flags, params,
+            divisor, int(gather))  # fmt: skip
+    if params.item(_NPARAMS):
+        _raise(params[_NPARAMS:], int(lanes.sum()), red, ctx, timeout)
+    if _trace._active:
+        isz = into.itemsize
+        _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
+
+
 # A call's direct cells from _capi's CELL_OWN: (address, length) of the window as the
 # lanes' dtype, of its flags, of the params and of the divisor; lanes per element.
 (_D_DATA, _D_DATA_N, _D_FLAGS, _D_FLAGS_N, _D_PARAMS, _D_PARAMS_N, _D_DIVISOR, _D_DIVISOR_N,
@@ -234,12 +342,13 @@ def _c_function(lanes: np.dtype) -> int:
 
 
 def warm(kinds) -> None:
-    """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``,
+    """Compile (or load from Numba's cache) the loops for each lanes dtype in ``kinds``,
     the C function a repeat calls it through, and the C repeat's own two."""
     i64 = numba.typeof(np.zeros(1, np.int64))
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
         _allreduce.compile((arr, arr, arr, i64, i64, arr))
+        _halves.compile((arr, arr, numba.int64, i64, i64, arr, i64, i64, arr, numba.int64))
         _c_function(np.dtype(dt))
     _direct.warm()
 

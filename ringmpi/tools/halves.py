@@ -5,7 +5,8 @@ nccl-tests; the median of ``-n`` rounds (each the slowest rank's mean call in a
 loop of up to 1000 calls, 32 MiB moved at most),
 algbw = size / time and busbw = algbw·(N-1)/N, the number of wrong elements
 summed over ranks, and the bytes and steps one call's sends took on this rank,
-from :func:`ringmpi.trace` (the library's call is not traced). ``mpi4py`` is
+from :func:`ringmpi.trace` (the library's call is not traced; shared_memory sends
+nothing). ``mpi4py`` is
 the library's own call through mpi4py, the baseline. The algorithms' calls take
 turns; auto's tuner settles each size during the warm-up calls.
 Reduce_scatter_block of float32 SUM on verifiable inputs; Allgather of float32
@@ -37,8 +38,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int, default=7, help="timed rounds per size (7)")
     p.add_argument("-w", "--warmup", type=int, default=10, help="untimed calls first (10)")
     p.add_argument("-a", "--algorithm", default="auto,ring,mpi4py",
-                   help="comma-separated: auto, ring, mpi (ringmpi handing the call to the "
-                   "library), mpi4py (the library's call itself) (auto,ring,mpi4py)")  # fmt: skip
+                   help="comma-separated: auto, ring, recursive_halving (reduce_scatter) or "
+                   "recursive_doubling (allgather), shared_memory, mpi (ringmpi handing the "
+                   "call to the library), mpi4py (the library's call itself) "
+                   "(auto,ring,mpi4py)")  # fmt: skip
     return p
 
 
@@ -52,7 +55,7 @@ def main(argv: list[str], command: str) -> int:
         what = "Reduce_scatter_block, float32 sum" if command == "reduce_scatter" else "Allgather"
         print(f"# ringmpi {command} ({what}), {n} ranks, {vendor} "
               f"{'.'.join(map(str, version))}")  # fmt: skip
-        print(f"# {'size':>9} {'count':>10} {'algorithm':>9} {'time(us)':>10} "
+        print(f"# {'size':>9} {'count':>10} {'algorithm':>18} {'time(us)':>10} "
               f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'sent(B)':>10} "
               f"{'steps':>5}")  # fmt: skip
     size = args.minbytes
@@ -81,7 +84,7 @@ def main(argv: list[str], command: str) -> int:
             if rank == 0:
                 sec = float(np.median(times[a]))
                 algbw = count * 4 / sec / 1e9
-                print(f"  {format_size(count * 4):>9} {count:>10} {a:>9} {sec * 1e6:>10.2f} "
+                print(f"  {format_size(count * 4):>9} {count:>10} {a:>18} {sec * 1e6:>10.2f} "
                       f"{algbw:>11.3f} {algbw * (n - 1) / n:>11.3f} {wrong:>6} "
                       f"{t.bytes_sent:>10} {t.steps:>5}")  # fmt: skip
         size *= args.stepfactor

@@ -8,7 +8,8 @@ summed over ranks, and the bytes and steps one call's sends took on this rank,
 from :func:`ringmpi.trace` (the library's call is not traced; shared_memory sends
 nothing). ``mpi4py`` is
 the library's own call through mpi4py, the baseline. The algorithms' calls take
-turns; auto's tuner settles each size during the warm-up calls.
+turns; auto's tuner settles each size during the warm-up calls (4 per way
+that can run).
 Reduce_scatter_block of float32 SUM on verifiable inputs; Allgather of float32
 blocks of rank-dependent integers: every expected value is exact.
 """
@@ -36,7 +37,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest (64M)")
     p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
     p.add_argument("-n", "--iters", type=int, default=7, help="timed rounds per size (7)")
-    p.add_argument("-w", "--warmup", type=int, default=10, help="untimed calls first (10)")
+    p.add_argument(
+        "-w",
+        "--warmup",
+        type=int,
+        default=20,
+        help="untimed calls first: auto's tuner settles in them (20)",
+    )
     p.add_argument("-a", "--algorithm", default="auto,ring,mpi4py",
                    help="comma-separated: auto, ring, recursive_halving (reduce_scatter) or "
                    "recursive_doubling (allgather), shared_memory, mpi (ringmpi handing the "

@@ -23,6 +23,7 @@ PLACEMENTS = ("block", "cyclic")
 STORES = ("auto", "cached", "streaming")
 WAITS = ("auto", "spin", "sleep")
 TUNERS = ("auto", "memory", "off")  # or a directory for the tuner's cache file
+ACROSS = ("auto", "ring", "rabenseifner", "recursive_doubling")  # hierarchical across nodes
 
 
 def _text(value: object) -> str:
@@ -114,6 +115,7 @@ class Settings:
     segment_bytes: int | None = _setting(None, _count, "bytes of each message segment")
     window_stores: str = _setting("auto", _one_of(STORES), "hierarchical's stores to its window")
     piece_bytes: int | None = _setting(None, _count, "bytes of each hierarchical pass")
+    across: str = _setting("auto", _one_of(ACROSS), "hierarchical's phase across nodes")
     timeout: float = _setting(0.0, parse_seconds, "seconds without progress before giving up")
     reproducible: bool = _setting(False, lambda v, s: _switch(v), "fold in rank order, bitwise")
     wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")

@@ -24,6 +24,7 @@ same prediction from the same inputs, so all choose alike without a message.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import os
@@ -31,7 +32,7 @@ from dataclasses import dataclass, fields
 
 from ._settings import current
 
-__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict"]
+__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict", "pricing"]
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,23 @@ def value(costs: Costs, algo, name: str) -> float:
 
 def predict(costs: Costs, algo, n: float, p: int, nodes: int = 1, per_node: int = 1) -> float:
     """Predicted seconds of one call of ``algo`` (a record with ``terms``)."""
-    return sum(value(costs, algo, k) * v for k, v in algo.terms(n, p, nodes, per_node).items())
+    token = _pricing.set(costs)
+    try:
+        terms = algo.terms(n, p, nodes, per_node)
+    finally:
+        _pricing.reset(token)
+    return sum(value(costs, algo, k) * v for k, v in terms.items())
+
+
+# The constants predict() prices with, while it asks an algorithm for its terms.
+_pricing: contextvars.ContextVar[Costs | None] = contextvars.ContextVar("pricing", default=None)
+
+
+def pricing(per_node: int) -> Costs:
+    """The constants an algorithm with a choice inside (hierarchical's phase across
+    nodes) makes it by: those :func:`predict` is pricing with, so that the terms it
+    gives are the variant it would run; outside predict (a call), :func:`load`'s."""
+    return _pricing.get() or load(per_node)
 
 
 def choose(costs: Costs, n: float, p: int, nodes: int, per_node: int, candidates):

@@ -9,6 +9,7 @@ definitions, independently of the library's code.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ LAYOUTS = [(k, p) for k in (1, 2, 3, 4) for p in ("block", "cyclic")]
 OPS = [(MPI.SUM, "float32"), (ringmpi.AVG, "float64"), (MPI.MAX, "int8"), (MPI.LXOR, "bool"),
        (MPI.PROD, "complex64"), (ringmpi.AVG, "complex128")]  # fmt: skip
 PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS for dt in s.dtypes]
+ACROSS = ["ring", "rabenseifner", "recursive_doubling"]  # the plans across nodes
 
 
 @pytest.fixture
@@ -47,9 +49,10 @@ def expected_nodes(nranks: int, k: int, placement: str) -> list[list[int]]:
 
 
 def expected_inter_node_bytes(
-    rank: int, nranks: int, k: int, placement: str, count: int, itemsize: int
-):
-    """(bytes sent, steps) of ``rank``'s rails, from the definitions."""
+    rank: int, nranks: int, k: int, placement: str, count: int, itemsize: int,
+    across: str = "ring",
+):  # fmt: skip
+    """(bytes sent, steps that sent) of ``rank``'s rails, from the definitions."""
     nodes = expected_nodes(nranks, k, placement)
     slices = max(len(n) for n in nodes)
     bounds = chunk_bounds(count, slices)
@@ -58,13 +61,36 @@ def expected_inter_node_bytes(
         rail = [n[j % len(n)] for n in nodes]
         if rank not in rail or len(rail) == 1:
             continue
-        m, p = len(rail), rail.index(rank)
-        length = bounds[j + 1] - bounds[j]
+        got = rail_traffic(across, len(rail), rail.index(rank), bounds[j + 1] - bounds[j])
+        sent, steps = sent + itemsize * got[0], steps + got[1]
+    return sent, steps
+
+
+def rail_traffic(across: str, m: int, p: int, length: int) -> tuple[int, int]:
+    """(elements sent, steps that sent) of member p of a rail of m on ``length`` elements.
+
+    ring: 2(m-1) steps, every chunk but two. Otherwise the first 2(m - q) members
+    fold in pairs (q the power of two below m): the even one sends its slice in
+    one step; the odd one sends its partner the result in one more step.
+    Recursive doubling: lg q steps of the whole slice; Rabenseifner: halving
+    sends every block but its own, doubling the aligned group of 2^k blocks it
+    holds at step k."""
+    if across == "ring":
         b = chunk_bounds(length, m)
         size = [b[c + 1] - b[c] for c in range(m)]
-        sent += itemsize * (2 * length - size[(p + 1) % m] - size[(p + 2) % m])
-        steps += 2 * (m - 1)
-    return sent, steps
+        return 2 * length - size[(p + 1) % m] - size[(p + 2) % m], 2 * (m - 1)
+    q = 1 << (m.bit_length() - 1)
+    rem, lg = m - q, q.bit_length() - 1
+    if p < 2 * rem and p % 2 == 0:
+        return length, 1
+    odd = 1 if p < 2 * rem else 0
+    me = p // 2 if odd else p - rem
+    if across == "recursive_doubling":
+        return length * (lg + odd), lg + odd
+    b = chunk_bounds(length, q)
+    halving = length - (b[me + 1] - b[me])
+    doubling = sum(b[(me >> s << s) + (1 << s)] - b[me >> s << s] for s in range(lg))
+    return halving + doubling + odd * length, 2 * lg + odd
 
 
 def expected_shared_bytes(
@@ -145,12 +171,14 @@ def test_random_floats_agree_bitwise_across_ranks(environ):
 
 @pytest.mark.parametrize("nodes", LAYOUTS, indirect=True, ids=[f"k{k}-{p}" for k, p in LAYOUTS])
 @pytest.mark.parametrize("count", [0, 1, 5, 1009, 4096])
-def test_trace_counts_inter_node_traffic(nodes, count):
+@pytest.mark.parametrize("across", ACROSS)
+def test_trace_counts_inter_node_traffic(nodes, count, across, environ):
+    environ.set("RINGMPI_ACROSS", across)
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     x = np.ones(count, np.float64)
     with ringmpi.trace() as t:
         ringmpi.Allreduce(MPI.IN_PLACE, x, algorithm="hierarchical")
-    sent, steps = expected_inter_node_bytes(rank, n, *nodes, count, 8)
+    sent, steps = expected_inter_node_bytes(rank, n, *nodes, count, 8, across)
     problems = []
     if (t.bytes_sent, t.steps) != (sent, steps):
         problems.append(f"traced {(t.bytes_sent, t.steps)}, closed form {(sent, steps)}")
@@ -164,6 +192,53 @@ def test_trace_counts_inter_node_traffic(nodes, count):
         problems.append(f"shared memory {(t.shared_written, t.shared_read)}, expected {shared}")
     if not np.all(x == n):
         problems.append("wrong result")
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, indirect=True, ids=[f"k{k}-{p}" for k, p in LAYOUTS])
+@pytest.mark.parametrize("across", ACROSS[1:])
+@pytest.mark.parametrize(("op", "dtype"), OPS[:3])
+def test_every_plan_across_nodes_sums_exactly_and_agrees_bitwise(nodes, across, op, dtype,
+                                                                  environ):  # fmt: skip
+    environ.set("RINGMPI_ACROSS", across)
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    problems: list[str] = []
+    for count in (0, 1, n + 1, 1009, 100_003):
+        send = verify.verify_inputs(op, dtype, rank, count)
+        got = _call(op, send, in_place=count % 2 == 1)
+        if not np.array_equal(got, verify.verify_expected(op, dtype, n, count)):
+            problems.append(f"count {count}: wrong result")
+        digests = WORLD.allgather(hashlib.sha256(got.tobytes()).hexdigest())
+        if len(set(digests)) != 1:
+            problems.append(f"count {count}: ranks hold different bits")
+    rng = np.random.default_rng(rank)  # rounding: every rank the same bits
+    got = ringmpi.allreduce(rng.standard_normal(10_007).astype(np.float32),
+                            algorithm="hierarchical")  # fmt: skip
+    if len(set(WORLD.allgather(hashlib.sha256(got.tobytes()).hexdigest()))) != 1:
+        problems.append("random floats: ranks hold different bits")
+    agree(WORLD, problems)
+
+
+def test_auto_crosses_nodes_in_log_depth_for_small_and_ring_bytes_for_large(environ):
+    """Nodes of one rank (M = N): an 8-byte call takes at most 2 ceil(lg M) serial
+    steps across nodes (recursive doubling: lg M, and the fold's two), and a 16 MiB
+    call still sends the ring's bytes, 2(M-1)/M of the buffer per rank."""
+    environ.set("RINGMPI_RANKS_PER_NODE", "1")
+    rank, n = WORLD.Get_rank(), WORLD.Get_size()
+    problems = []
+    x = np.ones(1, np.float64)
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, x, algorithm="hierarchical")
+    serial = 0 if n == 1 else 2 * math.ceil(math.log2(n))
+    if t.steps > serial or x[0] != n:
+        problems.append(f"8 B: {t.steps} steps (at most {serial}), result {x[0]}")
+    count = 2 << 20
+    big = np.ones(count, np.float64)
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, big, algorithm="hierarchical")
+    ring_bytes = expected_inter_node_bytes(rank, n, 1, "block", count, 8, "ring")[0]
+    if t.bytes_sent != ring_bytes or not np.all(big == n):
+        problems.append(f"16 MiB: sent {t.bytes_sent}, the ring's {ring_bytes}")
     agree(WORLD, problems)
 
 

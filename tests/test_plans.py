@@ -63,7 +63,7 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
     if algorithm == "ring":
         return 2 * (n - 1)
     if algorithm == "chain":
-        return _chain_rows(n, r, chain.chain_pieces(n, 8 * 9 * 5 * 7, 4))
+        return _chain_rows(n, r, chain.chain_pieces(n, 16 * 9 * 5 * 7 * 11 * 13, 4))
     p = 1 << int(math.log2(n))
     rem, lg = n - p, int(math.log2(p))
     per = lg if algorithm == "recursive_doubling" else 2 * lg
@@ -72,10 +72,10 @@ def _expected_steps(algorithm: str, n: int, r: int) -> int:
     return per
 
 
-@pytest.mark.parametrize("nranks", range(1, 10))
+@pytest.mark.parametrize("nranks", range(1, 17))  # hierarchical's rails: M nodes up to 16
 @pytest.mark.parametrize("algorithm", BUILT_IN)
 def test_steps_and_bytes_equal_the_closed_form(algorithm, nranks):
-    count = 8 * 9 * 5 * 7  # divisible by every N and p here
+    count = 16 * 9 * 5 * 7 * 11 * 13  # divisible by every N and p here
     sim = plans.simulate(build(algorithm), nranks, count, itemsize=4)
     assert [plan(algorithm, nranks, r, count, 4).steps for r in range(nranks)] == [
         _expected_steps(algorithm, nranks, r) for r in range(nranks)

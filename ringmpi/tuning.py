@@ -24,15 +24,27 @@ same prediction from the same inputs, so all choose alike without a message.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
 from ._settings import current
 
-__all__ = ["CROWDED", "DEFAULTS", "Costs", "choose", "defaults", "load", "predict", "pricing"]
+__all__ = [
+    "CROWDED",
+    "DEFAULTS",
+    "Costs",
+    "choose",
+    "defaults",
+    "load",
+    "predict",
+    "pricing",
+    "pricing_with",
+]
 
 
 @dataclass(frozen=True)
@@ -120,16 +132,24 @@ def value(costs: Costs, algo, name: str) -> float:
 
 def predict(costs: Costs, algo, n: float, p: int, nodes: int = 1, per_node: int = 1) -> float:
     """Predicted seconds of one call of ``algo`` (a record with ``terms``)."""
-    token = _pricing.set(costs)
-    try:
+    with pricing_with(costs):
         terms = algo.terms(n, p, nodes, per_node)
-    finally:
-        _pricing.reset(token)
     return sum(value(costs, algo, k) * v for k, v in terms.items())
 
 
 # The constants predict() prices with, while it asks an algorithm for its terms.
 _pricing: contextvars.ContextVar[Costs | None] = contextvars.ContextVar("pricing", default=None)
+
+
+@contextlib.contextmanager
+def pricing_with(costs: Costs) -> Iterator[Costs]:
+    """Price with ``costs`` inside a ``with`` block, as :func:`predict` does (a
+    replay that must make the choices the model makes with them)."""
+    token = _pricing.set(costs)
+    try:
+        yield costs
+    finally:
+        _pricing.reset(token)
 
 
 def pricing(per_node: int) -> Costs:

@@ -13,10 +13,14 @@ a recursive-doubling exchange, waits for its slowest link, a network one) and
 every other constant that of a node of L ranks (:func:`tuning.defaults`, or a
 tuning file). One node is all shared memory: the node's own constants.
 
-Three modes:
+Four modes:
 
 * predict (the default): time and busbw of each algorithm from 8 to 512 nodes
   of 8 ranks, as a table (``--markdown``) and a plot (``--plot FILE``);
+* ``--simulate`` (the ``simulate`` extra, SimGrid): the plans replayed as
+  messages on a modelled fat tree (:mod:`ringmpi.tools._simgrid`) for 8 B to
+  256 MiB, auto's pick by the model, and the alpha-beta lower bound; with
+  ``--check RUN.json ...``, the measured runs' layouts replayed against them;
 * ``--check RUN.json ...``: every row of ``python -m ringmpi.allreduce --json``
   runs against the model's prediction for its nodes, ranks per node and size;
 * ``--pingpong FILE`` (under ``mpirun -n 2``, one rank per host): measure the
@@ -38,8 +42,8 @@ from ringmpi import algorithms, tuning
 from . import prog
 from ._units import format_size, parse_size
 
-__all__ = ["FABRIC", "Fabric", "busbw", "check", "costs_for", "fit_fabric", "main", "pingpong",
-           "predict", "predict_grid"]  # fmt: skip
+__all__ = ["FABRIC", "Fabric", "busbw", "check", "costs_for", "fit_fabric", "lower_bound", "main",
+           "pingpong", "predict", "predict_grid", "simulate_grid"]  # fmt: skip
 
 ALGORITHMS = ("ring", "hierarchical", "recursive_doubling")
 NODES = (8, 16, 32, 64, 128, 256, 512)
@@ -110,6 +114,110 @@ def predict_grid(
             row["best"] = min(ALGORITHMS, key=lambda a, r=row: r[a]["seconds"])
             rows.append(row)
     return rows
+
+
+# --simulate: sizes 8 B to 256 MiB, a factor 32 apart.
+SIM_SIZES = (8, 256, 8 << 10, 256 << 10, 8 << 20, 256 << 20)
+
+
+def lower_bound(n: float, p: int, fabric: Fabric) -> float:
+    """The alpha-beta lower bound of an all-reduce of n bytes over p ranks on the fabric:
+    max(ceil(lg p) alpha, 2n(p-1)/p beta)."""
+    if p <= 1:
+        return 0.0
+    return max(math.ceil(math.log2(p)) * fabric.alpha, 2 * n * (p - 1) / p * fabric.beta)
+
+
+def simulate_grid(fabric: Fabric = FABRIC, node: tuning.Costs | None = None, nodes=NODES,
+                  per_node: int = PER_NODE, sizes=SIM_SIZES,
+                  shared_nic: bool = False) -> list[dict]:  # fmt: skip
+    """One row per (size, nodes): every algorithm's time replayed in SimGrid
+    (:mod:`ringmpi.tools._simgrid`), auto's pick by the model and its predicted and
+    replayed time, and the alpha-beta lower bound."""
+    from . import _simgrid  # noqa: PLC0415 (the simulate extra)
+
+    rows = []
+    for m in nodes:
+        p = m * per_node
+        costs = costs_for(m, per_node, fabric, node)
+        inside = node if node is not None else tuning.defaults(per_node)
+        got = _simgrid.simulate(m, per_node, sizes, ALGORITHMS, costs, inside, fabric.alpha,
+                                fabric.beta, shared_nic)  # fmt: skip
+        for n in sizes:
+            row = {"bytes": n, "nodes": m, "per_node": per_node, "ranks": p}
+            for a in ALGORITHMS:
+                row[a] = {"simulated": got[a, n],
+                          "predicted": predict(costs, a, n, m, per_node, shared_nic)}  # fmt: skip
+            pick = min(ALGORITHMS, key=lambda a, r=row: r[a]["predicted"])
+            bound = lower_bound(n, p, fabric)
+            row["auto"] = {"algorithm": pick, "predicted": row[pick]["predicted"],
+                           "simulated": row[pick]["simulated"], "bound": bound}  # fmt: skip
+            rows.append(row)
+        rows.sort(key=lambda r: (r["bytes"], r["nodes"]))
+    return rows
+
+
+def simulate_check(runs: list[dict], fabric: Fabric = FABRIC, node: tuning.Costs | None = None,
+                   shared_nic: bool = False) -> list[dict]:  # fmt: skip
+    """Every row of the runs that ran a modelled algorithm: its time replayed in SimGrid
+    on the run's layout, predicted and measured."""
+    from . import _simgrid  # noqa: PLC0415
+
+    out = []
+    for run in runs:
+        p, m, per_node = _layout(run["header"])
+        if m * per_node != p:
+            raise ValueError(f"uneven nodes ({p} ranks on {m}) are not in this model")
+        costs = costs_for(m, per_node, fabric, node)
+        inside = node if node is not None else tuning.defaults(per_node)
+        rows = [r for r in run["rows"] if _algorithm(r["algorithm"]) in ALGORITHMS]
+        sizes = sorted({r["size"] for r in rows})
+        names = sorted({_algorithm(r["algorithm"]) for r in rows})
+        got = _simgrid.simulate(m, per_node, sizes, names, costs, inside, fabric.alpha,
+                                fabric.beta, shared_nic)  # fmt: skip
+        for row in rows:
+            algo = _algorithm(row["algorithm"])
+            measured = row["time_us"] * 1e-6
+            simulated = got[algo, row["size"]]
+            out.append({"nodes": m, "per_node": per_node, "ranks": p, "bytes": row["size"],
+                        "algorithm": row["algorithm"], "measured": measured,
+                        "predicted": predict(costs, algo, row["size"], m, per_node, shared_nic),
+                        "simulated": simulated,
+                        "ratio": measured / simulated if simulated else None})  # fmt: skip
+    return out
+
+
+def _algorithm(label: str) -> str:
+    return label[5:-1] if label.startswith("auto(") else label
+
+
+def simulate_check_table(rows: list[dict], markdown: bool = False) -> str:
+    head = ["nodes x ranks", "size", "algorithm", "predicted", "simulated", "measured",
+            "measured/simulated"]  # fmt: skip
+    body = [[f"{r['nodes']} x {r['per_node']}", format_size(r["bytes"], long=True), r["algorithm"],
+             _time(r["predicted"]), _time(r["simulated"]) if r["simulated"] else "-",
+             _time(r["measured"]), f"{r['ratio']:.2f}" if r["ratio"] else "-"]
+            for r in rows]  # fmt: skip
+    return _render(head, body, markdown)
+
+
+def simulate_table(rows: list[dict], markdown: bool = False) -> str:
+    """The replayed grid as text (or a markdown table)."""
+    head = ["size", "nodes x ranks", "N", *(f"{a} simulated" for a in ALGORITHMS), "auto runs",
+            "auto predicted", "auto simulated", "lower bound", "auto / bound"]  # fmt: skip
+    body = []
+    for r in rows:
+        auto = r["auto"]
+        sim = auto["simulated"]
+        cells = [format_size(r["bytes"], long=True), f"{r['nodes']} x {r['per_node']}",
+                 str(r["ranks"])]  # fmt: skip
+        cells += [_time(r[a]["simulated"]) if r[a]["simulated"] is not None else "-"
+                  for a in ALGORITHMS]  # fmt: skip
+        cells += [auto["algorithm"], _time(auto["predicted"]),
+                  _time(sim) if sim is not None else "-", _time(auto["bound"]),
+                  f"{sim / auto['bound']:.2f}" if sim and auto["bound"] else "-"]  # fmt: skip
+        body.append(cells)
+    return _render(head, body, markdown)
 
 
 def _time(t: float) -> str:
@@ -376,6 +484,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="measure the fabric (2 ranks, one per host) and write it here",
     )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="replay the plans in SimGrid (the simulate extra) for 8 B to 256 MiB",
+    )
+    parser.add_argument(
+        "--nodes",
+        default=",".join(map(str, NODES)),
+        help="--simulate: comma-separated node counts (8,16,...,512)",
+    )
     parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
     parser.add_argument("-e", "--maxbytes", type=parse_size, default=16 << 20)
     parser.add_argument("--rounds", type=int, default=15, help="ping-pong rounds")
@@ -388,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         fabric, node = _fabric(args), _node_costs(args.tuning)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         parser.error(str(exc))
+    if args.simulate:
+        return _simulate_main(parser, args, fabric, node)
     rows = predict_grid(fabric, node, per_node=args.ranks_per_node, shared_nic=args.shared_nic)
     checked = None
     if args.check:
@@ -420,4 +540,51 @@ def main(argv: list[str] | None = None) -> int:
                   f"{ratios[-1]:.2f}, median {ratios[len(ratios) // 2]:.2f}")  # fmt: skip
     if args.plot:
         print(f"# plot written to {args.plot}")
+    return 0
+
+
+def _simulate_main(parser, args, fabric: Fabric, node) -> int:
+    from . import _simgrid  # noqa: PLC0415
+
+    why = _simgrid.available()
+    if why is not None:
+        parser.error(f"--simulate needs SimGrid (make simulate, or pip install "
+                     f"'ringmpi[simulate]'): {why}")  # fmt: skip
+    try:
+        nodes = [int(m) for m in args.nodes.split(",")]
+    except ValueError:
+        parser.error(f"--nodes: whole numbers, comma-separated, not {args.nodes!r}")
+    if min(nodes) < 1:
+        parser.error("--nodes: at least 1")
+    inside = args.tuning or f"untuned defaults for {args.ranks_per_node} ranks per node"
+    if args.check:
+        runs = []
+        for path in args.check:
+            try:
+                with open(path) as fh:
+                    runs.append(json.load(fh))
+            except (OSError, ValueError) as exc:
+                parser.error(f"--check: {path}: {exc}")
+        checked = simulate_check(runs, fabric, node, args.shared_nic)
+        nic = "; shared NIC" if args.shared_nic else ""
+        print(f"# SimGrid replay of measured runs; fabric: alpha {fabric.alpha * 1e6:.3g} us, "
+              f"beta {fabric.beta * 1e9:.3g} ns/B{nic}")  # fmt: skip
+        print(simulate_check_table(checked, args.markdown))
+        ratios = sorted(r["ratio"] for r in checked if r["ratio"])
+        if ratios:
+            near = sum(1 for x in ratios if 0.8 <= x <= 1.25)
+            middle = ratios[len(ratios) // 2]
+            print(f"# {len(ratios)} points, measured/simulated {ratios[0]:.2f} to "
+                  f"{ratios[-1]:.2f}, median {middle:.2f}; {near} within 25 %")  # fmt: skip
+        return 0
+    rows = simulate_grid(fabric, node, nodes, args.ranks_per_node, shared_nic=args.shared_nic)
+    print(f"# SimGrid replay; fabric: alpha {fabric.alpha * 1e6:.3g} us, beta "
+          f"{fabric.beta * 1e9:.3g} ns/B; in-node: {inside}"
+          f"{'; shared NIC' if args.shared_nic else ''}")  # fmt: skip
+    print(simulate_table(rows, args.markdown))
+    ratios = [r["auto"]["simulated"] / r["auto"]["bound"] for r in rows
+              if r["auto"]["simulated"] and r["auto"]["bound"]]  # fmt: skip
+    if ratios:
+        print(f"# auto / lower bound: {min(ratios):.2f} to {max(ratios):.2f} over "
+              f"{len(ratios)} cells")  # fmt: skip
     return 0

@@ -6,11 +6,11 @@ The platform, for M nodes of L ranks (block placement, rank = node·L + local):
   its links of the node links' bandwidth and no latency of their own;
 * each leaf a node: a star zone of L hosts (the ranks) and a gateway host
   (the node's network interface). A rank reaches the others of its node over
-  its own link (the node's alpha and beta: half the latency each way); it reaches
-  other nodes through its link, then the node's interface link, whose
-  latency is half the fabric's alpha each way and whose bandwidth is L/beta (a rail
-  per rank, as the model's hierarchical term assumes) or 1/beta
-  (``shared_nic``: one link for the node's L rails).
+  its own link (the node's alpha and beta: half the latency each way); it
+  reaches other nodes through its link, then the node's interface link,
+  whose latency is half the fabric's alpha each way and whose bandwidth is
+  L/beta (a rail of 1/beta per rank, as the model's hierarchical term
+  assumes) or 1/beta (``shared_nic``: one link for the node's L ranks).
 
 A message between nodes thus takes alpha plus the node's alpha, and n bytes take n
 times the narrowest link's seconds per byte (SimGrid's CM02 model, no
@@ -24,8 +24,12 @@ algorithm's rows are the plans ringmpi runs (:mod:`ringmpi.plans`); the
 rails' plan across nodes is the one :func:`~ringmpi.algorithms.hierarchical.
 across_nodes` picks with the same constants.
 
-A flat ring over N ranks is N·2(N-1) messages: it is replayed up to
-:data:`RING_MAX_RANKS` ranks, and left out above that.
+What is replayed: every message of recursive doubling (lg N rows a rank); the
+flat ring's N·2(N-1) messages up to :data:`RING_MAX_RANKS` ranks, none above
+(SimGrid's Python actors take about a millisecond a message here); and
+hierarchical's rails. With a link per rail the L rails run alike on links of
+their own, so one rail's M ranks stand for all, on interfaces of 1/beta (a
+process of their own); with ``shared_nic`` all L rails run, sharing it.
 
 Each (nodes, ranks per node) runs in a process of its own (SimGrid has one
 engine per process); its scenarios run one after another in it.
@@ -43,8 +47,8 @@ from ringmpi.algorithms import hierarchical
 
 __all__ = ["RING_MAX_RANKS", "available", "simulate"]
 
-# The flat ring is replayed up to this many ranks (2(N-1)·N messages: 130,560 at 256).
-RING_MAX_RANKS = 256
+# The flat ring is replayed up to this many ranks (2(N-1)·N messages: 8,064 at 64).
+RING_MAX_RANKS = 64
 _ITEMSIZE = 4  # float32, as the benchmark
 
 
@@ -75,24 +79,36 @@ def simulate(nodes: int, per_node: int, sizes, names, costs: tuning.Costs, node:
     ranks (None: not replayed), in a SimGrid process of its own. ``costs`` are the
     model's constants for the layout (its choice across nodes), ``node`` the node's
     own (its alpha, beta for messages inside a node, gamma and the node phase)."""
-    job = {"nodes": nodes, "per_node": per_node, "sizes": list(sizes), "names": list(names),
-           "costs": tuning.as_dict(costs), "node": tuning.as_dict(node),
-           "alpha": fabric_alpha, "beta": fabric_beta, "shared_nic": shared_nic}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "ringmpi.tools._simgrid"], input=json.dumps(job),
-                          capture_output=True, text=True, env=_env(), check=False)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"SimGrid replay of {nodes} x {per_node} failed: "
-                           f"{done.stderr.strip()[-2000:]}")  # fmt: skip
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {(a, int(n)): t for a, n, t in out}
+    base = {"nodes": nodes, "per_node": per_node, "sizes": list(sizes),
+            "costs": tuning.as_dict(costs), "node": tuning.as_dict(node),
+            "alpha": fabric_alpha, "beta": fabric_beta}  # fmt: skip
+    flat = [a for a in names if a != "hierarchical"]
+    jobs = []
+    if flat:  # every rank's messages; the node's interface: L rails of 1/beta, or one
+        jobs.append({**base, "names": flat, "links": 1 if shared_nic else per_node, "rails": 0})
+    if "hierarchical" in names:  # one rail on a link of its own, or all L on a shared one
+        jobs.append({**base, "names": ["hierarchical"], "links": 1,
+                     "rails": per_node if shared_nic else 1})  # fmt: skip
+    found: dict[tuple[str, int], float | None] = {}
+    for job in jobs:
+        done = subprocess.run([sys.executable, "-m", "ringmpi.tools._simgrid"],
+                              input=json.dumps(job), capture_output=True, text=True, env=_env(),
+                              check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"SimGrid replay of {nodes} x {per_node} failed: "
+                               f"{done.stderr.strip()[-2000:]}")  # fmt: skip
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        found.update({(a, int(n)): t for a, n, t in out})
+    return found
 
 
-def _rows(name: str, nranks: int, nodes: int, per_node: int, nbytes: int, costs: tuning.Costs):
-    """Per rank: (delay before, rows, delay after); a row is (send to, bytes, receive
-    from, bytes, reduces). None if the plan is not replayed at this size."""
+def _rows(name: str, nranks: int, nodes: int, per_node: int, nbytes: int, costs: tuning.Costs,
+          rails: int):  # fmt: skip
+    """Per rank: (delay before, rows, delay after) or None (it sits out); a row is (send
+    to, bytes, receive from, bytes, reduces). None if the plan is not replayed."""
     count = max(1, nbytes // _ITEMSIZE)
     if name == "hierarchical":
-        return _hierarchical_rows(nranks, nodes, per_node, count, costs)
+        return _hierarchical_rows(nranks, nodes, per_node, count, costs, rails)
     if name == "ring" and nranks > RING_MAX_RANKS:
         return None
     build = algorithms.get(name).plan
@@ -113,15 +129,19 @@ def _table(plan, peers) -> list[tuple[int, int, int, int, bool]]:
     return out
 
 
-def _hierarchical_rows(nranks, nodes, per_node, count, costs):
+def _hierarchical_rows(nranks, nodes, per_node, count, costs, rails):
     """Slice j of the buffer is reduced by local rank j of every node; rail j runs
-    the plan across nodes the model picks for the slice (priced with ``costs``)."""
+    the plan across nodes the model picks for the slice (priced with ``costs``).
+    Only the ranks of the first ``rails`` rails act (the others are idle)."""
     t = algorithms.get("hierarchical").terms(count * _ITEMSIZE, nranks, nodes, per_node)
     phase = sum(getattr(costs, k) * v for k, v in t.items() if k.startswith("node_"))
     bounds = [count * j // per_node for j in range(per_node + 1)]
     out = []
     for r in range(nranks):
         m, j = divmod(r, per_node)
+        if j >= rails:
+            out.append(None)
+            continue
         length = bounds[j + 1] - bounds[j]
         rows = []
         if nodes > 1:
@@ -143,7 +163,7 @@ def _run(job: dict) -> list:
     node = tuning.Costs(**{k: v for k, v in job["node"].items() if k in _FIELDS})
     costs = tuning.Costs(**{k: v for k, v in job["costs"].items() if k in _FIELDS})
     alpha, beta = job["alpha"], job["beta"]
-    nic_bw = (1.0 if job["shared_nic"] else per_node) / beta
+    nic_bw = job["links"] / beta
     engine = sg.Engine(["ringmpi-scaling", *_CONFIG])
     duplex = sg.Link.SharingPolicy.SPLITDUPLEX
     up = sg.LinkInRoute.Direction.UP
@@ -178,7 +198,7 @@ def _run(job: dict) -> list:
     results = []
     for nbytes in job["sizes"]:
         for name in job["names"]:
-            ranks = _rows(name, nranks, nodes, per_node, nbytes, costs)
+            ranks = _rows(name, nranks, nodes, per_node, nbytes, costs, job["rails"])
             if ranks is None:
                 results.append((name, nbytes, None))
                 continue
@@ -200,9 +220,9 @@ def _run(job: dict) -> list:
                 sg.this_actor.sleep_for(after)
                 finished[rank] = sg.Engine.clock
 
-            for rank, (before, rows, after) in enumerate(ranks):
-                sg.Actor.create(f"{name}-{nbytes}-{rank}", hosts[rank], actor, rank, before, rows,
-                                after)  # fmt: skip
+            for rank, plan in enumerate(ranks):
+                if plan is not None:
+                    sg.Actor.create(f"{name}-{nbytes}-{rank}", hosts[rank], actor, rank, *plan)
             engine.run()
             results.append((name, nbytes, max(finished) - start))
     return results

@@ -79,3 +79,18 @@ def test_every_algorithm_replays_and_log_depth_wins_small_buffers():
     # 1 MiB: the bound's 2n(N-1)/N beta charges every byte to the fabric; hierarchical
     # sends a rank's 1/L of them across nodes, so it may come in below it
     assert large["auto"]["bound"] == pytest.approx(2 * (1 << 20) * 15 / 16 * FABRIC.beta)
+
+
+def test_a_measured_run_is_replayed_on_its_layout():
+    """--check: each row of a run (auto's label too) next to its replay on the run's
+    nodes; rows of algorithms outside the model are left out."""
+    run = {"header": {"ranks": 2, "nodes": 2},
+           "rows": [{"algorithm": "ring", "size": 1 << 20, "time_us": 2000.0},
+                    {"algorithm": "auto(recursive_doubling)", "size": 8, "time_us": 10.0},
+                    {"algorithm": "mpi", "size": 8, "time_us": 3.0}]}  # fmt: skip
+    rows = scaling.simulate_check([run], FABRIC, NODE)
+    assert [(r["algorithm"], r["bytes"]) for r in rows] == [("ring", 1 << 20),
+                                                           ("auto(recursive_doubling)", 8)]  # fmt: skip
+    ring = _replay(2, 1, [1 << 20], ["ring"])[("ring", 1 << 20)]
+    assert rows[0]["simulated"] == pytest.approx(ring, rel=1e-9)
+    assert rows[0]["ratio"] == pytest.approx(2000e-6 / ring)

@@ -157,6 +157,47 @@ def simulate_grid(fabric: Fabric = FABRIC, node: tuning.Costs | None = None, nod
     return rows
 
 
+def simulate_plot(rows: list[dict], path: str, fabric: Fabric) -> None:
+    """Auto's simulated time over the lower bound against ranks, one line per size; and
+    every algorithm's simulated time against ranks at 256 KiB."""
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError:
+        raise ValueError(
+            "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.4))
+    for n in sorted({r["bytes"] for r in rows}):
+        sub = [r for r in rows if r["bytes"] == n and r["auto"]["simulated"]]
+        left.semilogx([r["ranks"] for r in sub],
+                      [r["auto"]["simulated"] / r["auto"]["bound"] for r in sub], "o-", ms=3,
+                      label=format_size(n, long=True))  # fmt: skip
+    left.axhline(1.5, color="k", lw=0.8, ls="--")
+    left.set(xlabel="ranks (8 per node)", ylabel="auto / lower bound",
+             title="auto, simulated, over the alpha-beta bound")  # fmt: skip
+    left.legend(fontsize=7, ncol=2)
+    size = 256 << 10
+    sub = [r for r in rows if r["bytes"] == size]
+    for a, style in zip(ALGORITHMS, ("o-", "s-", "^-"), strict=True):
+        pts = [(r["ranks"], r[a]["simulated"]) for r in sub if r[a]["simulated"]]
+        if pts:
+            right.loglog(*zip(*pts, strict=True), style, ms=3, label=a)
+    right.loglog([r["ranks"] for r in sub], [r["auto"]["bound"] for r in sub], "k--", lw=0.8,
+                 label="lower bound")  # fmt: skip
+    right.set(xlabel="ranks (8 per node)", ylabel="seconds", title="256 KiB, simulated")
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"SimGrid replay: fabric alpha {fabric.alpha * 1e6:.3g} us, "
+                 f"beta {fabric.beta * 1e9:.3g} ns/B", fontsize=9)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def simulate_check(runs: list[dict], fabric: Fabric = FABRIC, node: tuning.Costs | None = None,
                    shared_nic: bool = False) -> list[dict]:  # fmt: skip
     """Every row of the runs that ran a modelled algorithm: its time replayed in SimGrid
@@ -578,6 +619,11 @@ def _simulate_main(parser, args, fabric: Fabric, node) -> int:
                   f"{ratios[-1]:.2f}, median {middle:.2f}; {near} within 25 %")  # fmt: skip
         return 0
     rows = simulate_grid(fabric, node, nodes, args.ranks_per_node, shared_nic=args.shared_nic)
+    if args.plot:
+        try:
+            simulate_plot(rows, args.plot, fabric)
+        except ValueError as exc:
+            parser.error(str(exc))
     print(f"# SimGrid replay; fabric: alpha {fabric.alpha * 1e6:.3g} us, beta "
           f"{fabric.beta * 1e9:.3g} ns/B; in-node: {inside}"
           f"{'; shared NIC' if args.shared_nic else ''}")  # fmt: skip

@@ -112,14 +112,53 @@ def _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def _shape_cells(params):
+    """The call's layout cells: rank, size, the flags' and data's strides, the header's
+    and a set's lanes, the op code and the tag."""
+    return (params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE], params[_HDR],
+            params[_CAP], params[_CODE], params[_TAG])  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _wait_cells(params):
+    """How to wait (sleepy, the window, the timeout), and the half type's cells."""
+    return (params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT], params[_HALF],
+            params[_AVG_BY])  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _announce(flags, me, b, n, tag, seq, size, fstride, win, sleepy, timeout, err, piece):
+    """Announce this rank's count ``n`` and ``tag`` for set ``b`` in its header, raise
+    its flag to ``seq`` and wait for every rank's; whether it gave up (the report
+    then names the late rank)."""
+    flags[me + 1 + 2 * b] = n
+    flags[me + 2 + 2 * b] = tag
+    late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 0
+        return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _disagrees(flags, b, size, fstride, n, tag, err, piece):
+    """Whether a rank's header for set ``b`` announces another count or tag than ``n``
+    and ``tag``: then the report names the first such rank and what it announced."""
+    for r in range(size):
+        their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
+        if their_n != n or their_tag != tag:
+            err[0], err[1], err[2], err[3], err[4] = DISAGREE, piece, r, their_n, their_tag
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _allreduce(work, source, data, flags, params, divisor):
     """All-reduce ``source`` into ``work`` through the window (``data`` and ``flags``
     are two views of it); see the module docstring. ``params`` holds the _RANK ...
     cells, then the report."""
-    rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
-    hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
-    sleepy, win, timeout = params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT]
-    half, avg_by = params[_HALF], params[_AVG_BY]
+    rank, size, fstride, dstride, hdr, cap, code, tag = _shape_cells(params)
+    sleepy, win, timeout, half, avg_by = _wait_cells(params)
     starts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err = params[_NPARAMS:]
     err[0] = 0
@@ -146,19 +185,12 @@ def _allreduce(work, source, data, flags, params, divisor):
         else:
             _copy(data, mine, src, 0, m)
             wrote += m
-        flags[me + 1 + 2 * b] = n
-        flags[me + 2 + 2 * b] = tag
         seq += 1
-        late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
-        if late >= 0:
-            err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 0
+        if _announce(flags, me, b, n, tag, seq, size, fstride, win, sleepy, timeout, err,
+                     done // cap):  # fmt: skip
             return
-        for r in range(size):
-            their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
-            if their_n != n or their_tag != tag:
-                err[0], err[1], err[2] = DISAGREE, done // cap, r
-                err[3], err[4] = their_n, their_tag
-                return
+        if _disagrees(flags, b, size, fstride, n, tag, err, done // cap):
+            return
         read += (size - 1) * (hi - lo if scatter else m)
         if half:
             # Half types: all L slots widened, folded in float32, rounded once.
@@ -211,10 +243,8 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
     (from ``source`` at ``own``; q = the whole set), waits, and copies the
     others' into ``out`` at their blocks. The next piece's wait frees the
     set, as in :func:`_allreduce`."""
-    rank, size, fstride, dstride = params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE]
-    hdr, cap, code, tag = params[_HDR], params[_CAP], params[_CODE], params[_TAG]
-    sleepy, win, timeout = params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT]
-    half, avg_by = params[_HALF], params[_AVG_BY]
+    rank, size, fstride, dstride, hdr, cap, code, tag = _shape_cells(params)
+    sleepy, win, timeout, half, avg_by = _wait_cells(params)
     parts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err = params[_NPARAMS:]
     err[0] = 0
@@ -242,19 +272,11 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
                 if r != rank or half:
                     _copy(data, mine + r * q, source, starts[r] + k * q, m)
                     wrote += m
-        flags[me + 1 + 2 * b] = total
-        flags[me + 2 + 2 * b] = tag
         seq += 1
-        late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
-        if late >= 0:
-            err[0], err[1], err[2], err[3] = TIMED_OUT, k, late, 0
+        if _announce(flags, me, b, total, tag, seq, size, fstride, win, sleepy, timeout, err, k):
             return
-        for r in range(size):
-            their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
-            if their_n != total or their_tag != tag:
-                err[0], err[1], err[2] = DISAGREE, k, r
-                err[3], err[4] = their_n, their_tag
-                return
+        if _disagrees(flags, b, size, fstride, total, tag, err, k):
+            return
         if gather:
             for r in range(size):
                 m = max(0, min(q, counts[r] - k * q))

@@ -160,14 +160,7 @@ def simulate_grid(fabric: Fabric = FABRIC, node: tuning.Costs | None = None, nod
 def simulate_plot(rows: list[dict], path: str, fabric: Fabric) -> None:
     """Auto's simulated time over the lower bound against ranks, one line per size; and
     every algorithm's simulated time against ranks at 256 KiB."""
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        raise ValueError(
-            "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = _pyplot()
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.4))
     for n in sorted({r["bytes"] for r in rows}):
@@ -338,14 +331,7 @@ def check_table(rows: list[dict], markdown: bool = False) -> str:
 
 def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None = None) -> None:
     """Predicted time against nodes, one panel per size, and busbw at the largest size."""
-    try:
-        import matplotlib  # noqa: PLC0415
-    except ImportError:
-        raise ValueError(
-            "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
-        ) from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = _pyplot()
 
     sizes = sorted({r["bytes"] for r in rows})
     panels = len(sizes) + 1 + (1 if checked else 0)
@@ -552,13 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = predict_grid(fabric, node, per_node=args.ranks_per_node, shared_nic=args.shared_nic)
     checked = None
     if args.check:
-        runs = []
-        for path in args.check:
-            try:
-                with open(path) as fh:
-                    runs.append(json.load(fh))
-            except (OSError, ValueError) as exc:
-                parser.error(f"--check: {path}: {exc}")
+        runs = _read_runs(parser, args.check)
         try:
             checked = check(runs, fabric, node, args.shared_nic)
         except (KeyError, ValueError) as exc:
@@ -599,13 +579,7 @@ def _simulate_main(parser, args, fabric: Fabric, node) -> int:
         parser.error("--nodes: at least 1")
     inside = args.tuning or f"untuned defaults for {args.ranks_per_node} ranks per node"
     if args.check:
-        runs = []
-        for path in args.check:
-            try:
-                with open(path) as fh:
-                    runs.append(json.load(fh))
-            except (OSError, ValueError) as exc:
-                parser.error(f"--check: {path}: {exc}")
+        runs = _read_runs(parser, args.check)
         checked = simulate_check(runs, fabric, node, args.shared_nic)
         nic = "; shared NIC" if args.shared_nic else ""
         print(f"# SimGrid replay of measured runs; fabric: alpha {fabric.alpha * 1e6:.3g} us, "
@@ -634,3 +608,29 @@ def _simulate_main(parser, args, fabric: Fabric, node) -> int:
         print(f"# auto / lower bound: {min(ratios):.2f} to {max(ratios):.2f} over "
               f"{len(ratios)} cells")  # fmt: skip
     return 0
+
+
+def _read_runs(parser, paths: list[str]) -> list[dict]:
+    """The --check files, or the parser's error naming the one that cannot be read."""
+    runs = []
+    for path in paths:
+        try:
+            with open(path) as fh:
+                runs.append(json.load(fh))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--check: {path}: {exc}")
+    return runs
+
+
+def _pyplot():
+    """matplotlib's pyplot drawing to files, or ValueError saying how to install it."""
+    try:
+        import matplotlib  # noqa: PLC0415
+    except ImportError:
+        raise ValueError(
+            "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt

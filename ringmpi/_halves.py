@@ -146,9 +146,13 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
                         "results, rounded to 16 bits at every step (shared_memory folds every "
                         "contribution at once; auto takes it on one node)")  # fmt: skip
     ran, timed = _choose(ctx, name, algorithm, source.nbytes, comm, red.half)
+    if ran == "mpi" and red.half and op is AVG:
+        raise TypeError(f"{name}: {red.describe()} through the library's call: MPI has no "
+                        "average, and a 16-bit sum divided afterwards would round twice "
+                        "(shared_memory, on one node, averages with one rounding)")  # fmt: skip
     t0 = time.perf_counter()
     _trace_call()
-    if ran == "mpi":  # AVG: the library's SUM, divided here
+    if ran == "mpi":  # AVG: the library's SUM, divided here; the half types as given
         _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)),
                  op if red.half else red.mpi_op)  # fmt: skip
         if not red.half:

@@ -216,6 +216,9 @@ def test_half_types_reduce_scatter_through_shared_memory(dtype, op):
     if SIZE > 1:
         with pytest.raises(TypeError, match="rounded to 16 bits"):
             ringmpi.Reduce_scatter_block(x.astype(dt), np.empty(k, dt), op, algorithm="ring")
+    if op is ringmpi.AVG:
+        with pytest.raises(TypeError, match="MPI has no average"):
+            ringmpi.Reduce_scatter_block(x.astype(dt), np.empty(k, dt), op, algorithm="mpi")
 
 
 @pytest.mark.parametrize("comm", [None, WORLD], ids=["default", "world"])

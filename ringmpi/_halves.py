@@ -398,7 +398,7 @@ class _Tuned:
                 best = int(np.argmin(slowest[:-1]))
                 won = candidates[best] if slowest[best] < slowest[-1] * (1 - MARGIN) else "mpi"
                 self.won[key] = won
-                if won == "mpi" and "ring" in candidates:  # later calls go there first thing
+                if won == "mpi":  # later calls go there first thing
                     _to_library.put((id(comm), *key[:2]), comm)
                 del self.trials[key]
 

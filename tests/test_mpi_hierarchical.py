@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import kernels, verify
+from ringmpi.algorithms import hierarchical
 from ringmpi.schedule import chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -28,6 +29,7 @@ OPS = [(MPI.SUM, "float32"), (ringmpi.AVG, "float64"), (MPI.MAX, "int8"), (MPI.L
        (MPI.PROD, "complex64"), (ringmpi.AVG, "complex128")]  # fmt: skip
 PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS for dt in s.dtypes]
 ACROSS = ["ring", "rabenseifner", "recursive_doubling"]  # the plans across nodes
+assert tuple(ACROSS) == hierarchical.ACROSS
 
 
 @pytest.fixture

@@ -80,14 +80,12 @@ from .._errors import RingMPIError
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_by_code
 from .._report import CELLS, DISAGREE, OK, TIMED_OUT, raise_from
+from .._settings import ACROSS as ACROSS_CHOICES
 from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from .latency import rabenseifner, rabenseifner_terms, recursive_doubling, recursive_doubling_terms
-from .registry import listing, register
-from .ring import ring
-from .ring import terms as ring_terms
+from .registry import get, listing, register
 
 
 @dataclass
@@ -470,7 +468,7 @@ def hierarchical_allreduce(
             acc = work[bounds[j] : bounds[j + 1]]
             rail = lay.rails[j]
             try:
-                build = ACROSS[across_nodes(acc.nbytes, lay.nodes, lay.slices)][0]
+                build = get(across_nodes(acc.nbytes, lay.nodes, lay.slices)).plan
                 _engine.run(rail.plan(build, acc.size, dt.itemsize), acc, partials, rail,
                             "hierarchical", timeout, prefix=f"inter-node slice {j} ",
                             peers=lay.rail_members[j])  # fmt: skip
@@ -642,17 +640,14 @@ def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, floa
     t = {"node_call": 1.0, "node_step": float(steps), "node_byte": n if per_node > 1 else 0.0}
     if nodes > 1:
         slice_bytes = n / per_node
-        across = ACROSS[across_nodes(slice_bytes, nodes, per_node)][1](slice_bytes, nodes)
+        across = get(across_nodes(slice_bytes, nodes, per_node)).terms(slice_bytes, nodes)
         t.update({k: v for k, v in across.items() if k != "call"})
     return t
 
 
-# The phase across nodes: a plan each rail (the M owners of a slice) runs, and its terms.
-ACROSS = {
-    "ring": (ring, ring_terms),
-    "rabenseifner": (rabenseifner, rabenseifner_terms),
-    "recursive_doubling": (recursive_doubling, recursive_doubling_terms),
-}
+# The phase across nodes: the records whose plan each rail (the M owners of a slice)
+# may run, as the ``across`` setting names them (its first choice is auto).
+ACROSS = ACROSS_CHOICES[1:]
 
 
 def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
@@ -669,7 +664,7 @@ def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
     costs = tuning.pricing(per_node)
 
     def seconds(name: str) -> float:
-        t = ACROSS[name][1](nbytes, nodes)
+        t = get(name).terms(nbytes, nodes)
         return sum(getattr(costs, k) * v for k, v in t.items() if k != "call")
 
     return min(ACROSS, key=seconds)

@@ -147,7 +147,7 @@ def _hierarchical_rows(nranks, nodes, per_node, count, costs, rails):
         if nodes > 1:
             with tuning.pricing_with(costs):
                 name = hierarchical.across_nodes(length * _ITEMSIZE, nodes, per_node)
-            build = hierarchical.ACROSS[name][0]
+            build = algorithms.get(name).plan
             rail = [k * per_node + j for k in range(nodes)]
             rows = _table(build(nodes, m, length, _ITEMSIZE), rail)
         out.append((phase / 2, rows, phase / 2))

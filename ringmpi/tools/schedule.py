@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ringmpi import algorithms, plans
 from ringmpi._settings import ACROSS as ACROSS_CHOICES
-from ringmpi.algorithms.hierarchical import ACROSS, across_nodes
+from ringmpi.algorithms.hierarchical import across_nodes
 from ringmpi.schedule import (
     REDUCE_SCATTER,
     chunk_bounds,
@@ -118,7 +118,7 @@ def simulate_hierarchical(
         if across == "auto":
             name = across_nodes(length * itemsize, len(rail), layout.nslices)
         cost.across.append(name)
-        sim = plans.simulate(ACROSS[name][0], len(rail), length, itemsize)
+        sim = plans.simulate(algorithms.get(name).plan, len(rail), length, itemsize)
         for p, r in enumerate(rail):
             cost.inter_bytes[r] += sim.bytes_sent[p]
             cost.inter_steps[r] += sim.steps[p]

@@ -23,7 +23,8 @@ PLACEMENTS = ("block", "cyclic")
 STORES = ("auto", "cached", "streaming")
 WAITS = ("auto", "spin", "sleep")
 TUNERS = ("auto", "memory", "off")  # or a directory for the tuner's cache file
-ACROSS = ("auto", "ring", "rabenseifner", "recursive_doubling")  # hierarchical across nodes
+# hierarchical's plans across nodes
+ACROSS = ("auto", "ring", "rabenseifner", "recursive_doubling", "rabenseifner_hybrid")
 
 
 def _text(value: object) -> str:

@@ -233,7 +233,9 @@ def test_cli_across_hosts(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["wrong"] == 0 for r in rows)
     # rank 0 is its rails' member 0: each plan's steps there (the ring's 2(M-1))
-    plans = {a: rail_traffic(a, m, 0, 1)[1] for a in ACROSS}
+    lg = m.bit_length() - 1
+    plans = {a: rail_traffic(a, m, 0, 1, depth=lg)[1] for a in ACROSS}
+    plans.update({k: rail_traffic("rabenseifner_hybrid", m, 0, 1, depth=k)[1] for k in range(lg)})
     for row in rows:
         if row["algorithm"] == "hierarchical":
             assert row["steps"] in plans.values(), row

@@ -17,8 +17,8 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels, verify
-from ringmpi.algorithms import hierarchical
+from ringmpi import kernels, tuning, verify
+from ringmpi.algorithms import hierarchical, latency
 from ringmpi.schedule import chunk_bounds
 
 pytestmark = pytest.mark.mpi
@@ -28,7 +28,7 @@ LAYOUTS = [(k, p) for k in (1, 2, 3, 4) for p in ("block", "cyclic")]
 OPS = [(MPI.SUM, "float32"), (ringmpi.AVG, "float64"), (MPI.MAX, "int8"), (MPI.LXOR, "bool"),
        (MPI.PROD, "complex64"), (ringmpi.AVG, "complex128")]  # fmt: skip
 PAIRS = [pytest.param(s.op, dt, id=f"{s.name}-{dt.name}") for s in kernels._OPS for dt in s.dtypes]
-ACROSS = ["ring", "rabenseifner", "recursive_doubling"]  # the plans across nodes
+ACROSS = ["ring", "rabenseifner", "recursive_doubling", "rabenseifner_hybrid"]  # across nodes
 assert tuple(ACROSS) == hierarchical.ACROSS
 
 
@@ -63,20 +63,25 @@ def expected_inter_node_bytes(
         rail = [n[j % len(n)] for n in nodes]
         if rank not in rail or len(rail) == 1:
             continue
-        got = rail_traffic(across, len(rail), rail.index(rank), bounds[j + 1] - bounds[j])
+        length = bounds[j + 1] - bounds[j]
+        q = 1 << (len(rail).bit_length() - 1)  # the hybrid's depth as a rank prices it
+        depth = latency.hybrid_depth(length * itemsize, q, tuning.load(slices))
+        got = rail_traffic(across, len(rail), rail.index(rank), length, depth)
         sent, steps = sent + itemsize * got[0], steps + got[1]
     return sent, steps
 
 
-def rail_traffic(across: str, m: int, p: int, length: int) -> tuple[int, int]:
+def rail_traffic(across: str, m: int, p: int, length: int, depth: int | None = None):
     """(elements sent, steps that sent) of member p of a rail of m on ``length`` elements.
 
     ring: 2(m-1) steps, every chunk but two. Otherwise the first 2(m - q) members
     fold in pairs (q the power of two below m): the even one sends its slice in
-    one step; the odd one sends its partner the result in one more step.
-    Recursive doubling: lg q steps of the whole slice; Rabenseifner: halving
-    sends every block but its own, doubling the aligned group of 2^k blocks it
-    holds at step k."""
+    one step; the odd one sends its partner the result in one more step. Halving
+    k of lg q levels (recursive doubling: k = 0; Rabenseifner: k = lg q;
+    rabenseifner_hybrid: k = ``depth``) takes lg q + k steps: the halving sends
+    every block outside the aligned group of 2^(lg q - k) blocks it keeps, the
+    swaps send that group lg q - k times, and the doubling sends the aligned
+    group of 2^s blocks it holds at s = lg q - k .. lg q - 1."""
     if across == "ring":
         b = chunk_bounds(length, m)
         size = [b[c + 1] - b[c] for c in range(m)]
@@ -87,12 +92,17 @@ def rail_traffic(across: str, m: int, p: int, length: int) -> tuple[int, int]:
         return length, 1
     odd = 1 if p < 2 * rem else 0
     me = p // 2 if odd else p - rem
-    if across == "recursive_doubling":
-        return length * (lg + odd), lg + odd
+    k = {"recursive_doubling": 0, "rabenseifner": lg}.get(across, depth)
+    assert k is not None, f"{across} needs its depth"
     b = chunk_bounds(length, q)
-    halving = length - (b[me + 1] - b[me])
-    doubling = sum(b[(me >> s << s) + (1 << s)] - b[me >> s << s] for s in range(lg))
-    return halving + doubling + odd * length, 2 * lg + odd
+
+    def group(s: int) -> int:
+        first = me >> s << s
+        return b[first + (1 << s)] - b[first]
+
+    kept = group(lg - k)
+    sent = length - kept + (lg - k) * kept + sum(group(s) for s in range(lg - k, lg))
+    return sent + odd * length, lg + k + odd
 
 
 def expected_shared_bytes(

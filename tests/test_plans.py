@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -10,7 +11,7 @@ import numpy as np
 import pairwise
 import pytest
 
-from ringmpi import algorithms, plans
+from ringmpi import algorithms, plans, tuning
 from ringmpi.algorithms import chain, latency, ring
 from ringmpi.schedule import chunk_bounds
 
@@ -135,6 +136,81 @@ def test_rabenseifner_halves_then_doubles(nranks):
     assert lengths == [block * p >> (k + 1) for k in range(lg)] + [block << k for k in range(lg)]
     final = [bool(row[plans.ACTION] & plans.FINAL) for row in table]
     assert final == [k == lg - 1 for k in range(lg)] + [False] * lg
+
+
+def _halved_bytes(count: int, q: int, me: int, k: int) -> int:
+    """Elements member ``me`` of q sends halving k of lg q levels, in closed form:
+    every block outside its aligned group of 2^(lg q - k) (the halving), that group
+    lg q - k times (the swaps), and the doubling's aligned groups of 2^s blocks,
+    s = lg q - k .. lg q - 1 (an even split: count divisible by q)."""
+    lg = q.bit_length() - 1
+    block = count // q
+
+    def group(s: int) -> int:
+        return block << s
+
+    return (
+        count - group(lg - k) + (lg - k) * group(lg - k) + sum(group(s) for s in range(lg - k, lg))
+    )
+
+
+@pytest.mark.parametrize("nranks", range(1, 17))
+def test_rabenseifner_halved_part_of_the_way(nranks):
+    """Every depth k from 0 (recursive doubling) to lg p (Rabenseifner): every rank
+    ends with every contribution, in lg p + k steps (and the fold's two), sending
+    the closed form's elements; partners reduce in one order."""
+    count = 16 * 9 * 5 * 7 * 11 * 13
+    q = 1 << (nranks.bit_length() - 1)
+    rem, lg = nranks - q, q.bit_length() - 1
+    for k in range(lg + 1):
+        build = latency.rabenseifner_to(k)
+        for c in COUNTS:
+            plans.simulate(build, nranks, c)
+        sim = plans.simulate(build, nranks, count, itemsize=4)
+        for r in range(nranks):
+            if r < 2 * rem and r % 2 == 0:
+                want, steps = count, (2 if nranks > 1 else 0)
+            else:
+                odd = int(r < 2 * rem)
+                me = r // 2 if odd else r - rem
+                want = _halved_bytes(count, q, me, k) + odd * count
+                steps = lg + k + 2 * odd
+            assert (sim.bytes_sent[r], build(nranks, r, count, 4).steps) == (4 * want, steps)
+            for row in build(nranks, r, 16).table:
+                if row[plans.ACTION] & plans.REDUCE:
+                    theirs_first = bool(row[plans.ACTION] & plans.THEIRS_FIRST)
+                    assert theirs_first == (int(row[plans.RECV_FROM]) < r), (k, r, row)
+    # the two ends are the algorithms of those names, row for row
+    for r in range(nranks):
+        ends = [latency.rabenseifner_to(0), latency.rabenseifner_to(lg)]
+        got = [b(nranks, r, count).table[:, plans.SEND_TO :] for b in ends]
+        for table, name in zip(got, ("recursive_doubling", "rabenseifner"), strict=True):
+            assert np.array_equal(table, plan(name, nranks, r, count).table[:, plans.SEND_TO :])
+
+
+def test_the_hybrid_halves_to_the_depth_the_model_prices_fastest():
+    # a fabric of 17 us and 0.78 ns/B (docs/scaling.md): 512 nodes
+    fabric = dataclasses.replace(tuning.DEFAULTS, alpha=17e-6, beta=0.78e-9, gamma=0.03e-9)
+
+    def seconds(n, k):
+        t = latency._hybrid(n, 512, k)
+        return sum(getattr(fabric, c) * v for c, v in t.items() if c != "call")
+
+    for n in (8, 4 << 10, 32 << 10, 256 << 10, 16 << 20):
+        k = latency.hybrid_depth(n, 512, fabric)
+        assert seconds(n, k) == min(seconds(n, j) for j in range(10)), n
+    assert latency.hybrid_depth(8, 512, fabric) == 0  # recursive doubling
+    # the last halving and the doubling's first step send what one swap sends:
+    # at 16 MiB the step saved outweighs the reduce of the 1/512 more it costs
+    assert latency.hybrid_depth(16 << 20, 512, fabric) == 8
+    assert latency.hybrid_depth(16 << 20, 512, dataclasses.replace(fabric, gamma=1e-9)) == 9
+    assert latency.hybrid_depth(32 << 10, 512, fabric) == 3  # in between
+    # the record's plan is the halving at that depth, as the model prices it
+    with tuning.pricing_with(fabric):
+        got = plan("rabenseifner_hybrid", 512, 5, 8 << 10, 4).table
+        t = algorithms.get("rabenseifner_hybrid").terms(32 << 10, 512)
+    assert np.array_equal(got, latency.rabenseifner_to(3)(512, 5, 8 << 10, 4).table)
+    assert t["alpha"] == 9 + 3
 
 
 def test_plan_rejects_a_rank_outside():

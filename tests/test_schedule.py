@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ringmpi import tuning
+from ringmpi.algorithms import latency
 from ringmpi.schedule import (
     ALL_GATHER,
     REDUCE_SCATTER,
@@ -149,31 +151,41 @@ def test_hierarchical_cli(capsys):
 
 
 @pytest.mark.parametrize(
-    ("count", "across", "steps"),
-    [(8, "recursive_doubling", 3), (65536, "rabenseifner", 6)],
-)
-def test_auto_across_eight_nodes_is_log_depth(capsys, count, across, steps):
-    """8 nodes of 8: recursive doubling's lg 8 steps for a small slice, Rabenseifner's
-    2 lg 8 at the ring's bytes, 2(M-1)/M of each rank's slice, for larger ones."""
+    ("count", "across", "steps", "share"),
+    [(8, "recursive_doubling", 3, 3 / 8), (65536, "rabenseifner_hybrid", 4, 2 / 8),
+     (1 << 20, "rabenseifner_hybrid", 5, 2 * 7 / 8 / 8)],
+)  # fmt: skip
+def test_auto_across_eight_nodes_is_log_depth(capsys, count, across, steps, share):
+    """8 nodes of 8: recursive doubling's lg 8 steps for a small slice; larger ones
+    halve part of the way: one halving (4 steps, 2/M of the slice), then two (5
+    steps: the ring's bytes, 2(M-1)/M of each rank's slice, one step short of
+    Rabenseifner's 2 lg 8, as the last halving and the first doubling send what
+    one swap sends)."""
     assert main(["64", "--ranks-per-node", "8", "--count", str(count)]) == 0
     out = capsys.readouterr().out
     assert f"across them {across})" in out
     assert f"serial inter-node steps (max){steps:>29}" in out
-    if across == "rabenseifner":
-        assert f"inter-node bytes per rank / buffer (max){2 * 7 / 8 / 8:>18.2f}" in out
+    assert f"inter-node bytes per rank / buffer (max){share:>18.2f}" in out
 
 
 @pytest.mark.parametrize("nodes", range(2, 17))
-@pytest.mark.parametrize("across", ["ring", "rabenseifner", "recursive_doubling"])
-def test_every_plan_across_nodes_completes_every_rail(nodes, across):
+@pytest.mark.parametrize("across", ["ring", "rabenseifner", "recursive_doubling",
+                                    "rabenseifner_hybrid"])  # fmt: skip
+@pytest.mark.parametrize("count", [40320 * 2, 8192])
+def test_every_plan_across_nodes_completes_every_rail(nodes, across, count):
     """Every plan across M = 2-16 nodes of 2 leaves every slice complete (the simulator
-    checks it) with its closed-form serial steps per rail."""
-    cost = simulate_hierarchical(2 * nodes, 2, "block", 40320 * 2, across=across)
+    checks it) with its closed-form serial steps per rail (the hybrid: lg M plus the
+    halvings it prices fastest for the slice, with the constants of nodes of 2)."""
+    cost = simulate_hierarchical(2 * nodes, 2, "block", count, across=across)
     q = 1 << (nodes.bit_length() - 1)
     lg, folded = q.bit_length() - 1, nodes > q
+    depth = latency.hybrid_depth(count // 2, q, tuning.load(2))
     want = {"ring": 2 * (nodes - 1), "rabenseifner": 2 * lg + 2 * folded,
-            "recursive_doubling": lg + 2 * folded}[across]  # fmt: skip
+            "recursive_doubling": lg + 2 * folded,
+            "rabenseifner_hybrid": lg + depth + 2 * folded}[across]  # fmt: skip
     assert max(cost.inter_steps) == want
+    if across == "rabenseifner_hybrid" and nodes == 16:
+        assert 0 < depth < lg  # part of the way, at the ring's bytes
 
 
 def test_hierarchical_plot(tmp_path):

@@ -469,7 +469,9 @@ def hierarchical_allreduce(
             rail = lay.rails[j]
             try:
                 build = get(across_nodes(acc.nbytes, lay.nodes, lay.slices)).plan
-                _engine.run(rail.plan(build, acc.size, dt.itemsize), acc, partials, rail,
+                with tuning.pricing_with(tuning.pricing(lay.slices)):  # a plan may price
+                    plan = rail.plan(build, acc.size, dt.itemsize)
+                _engine.run(plan, acc, partials, rail,
                             "hierarchical", timeout, prefix=f"inter-node slice {j} ",
                             peers=lay.rail_members[j])  # fmt: skip
             except RingMPIError as exc:
@@ -657,14 +659,17 @@ def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
     of a prediction, or of nodes of ``per_node`` ranks; every member of a rail
     computes the same, from the same inputs). The ring's 2(M-1) steps
     for large slices, Rabenseifner's 2 lg M at the ring's bytes (M a power of
-    two) in between, recursive doubling's lg M for small ones."""
+    two) in between, recursive doubling's lg M for small ones, and Rabenseifner
+    halved part of the way where a fabric's latency makes every step dear (of
+    equals, the first in that order)."""
     chosen = current().across
     if chosen != "auto":
         return chosen
     costs = tuning.pricing(per_node)
 
     def seconds(name: str) -> float:
-        t = get(name).terms(nbytes, nodes)
+        with tuning.pricing_with(costs):
+            t = get(name).terms(nbytes, nodes)
         return sum(getattr(costs, k) * v for k, v in t.items() if k != "call")
 
     return min(ACROSS, key=seconds)

@@ -4,6 +4,12 @@
   buffer with the partner ``rank xor 2^k``; lg p buffers sent per rank.
 * ``rabenseifner``: reduce-scatter by recursive halving, then all-gather by
   recursive doubling: 2 lg p steps and the ring's 2(p-1)/p buffers.
+* ``rabenseifner_hybrid``: the halving stopped after k of its lg p levels,
+  recursive doubling on the 2^(lg p - k) blocks each group then holds, and the
+  all-gather's last k levels: lg p + k steps. k = 0 is recursive doubling,
+  k = lg p Rabenseifner; the cost model picks k (:func:`hybrid_depth`). It is
+  hierarchical's middle choice across nodes, where a step costs a fabric's
+  latency; run alone it prices with the constants of a node of p ranks.
 
 The two halves of Rabenseifner's also run alone, on MPI's layout (rank r's
 block r, any counts): :func:`halving_reduce_scatter` and
@@ -22,11 +28,13 @@ import itertools
 import math
 from collections.abc import Callable
 
+from .. import tuning
 from ..plans import FINAL, REDUCE, THEIRS_FIRST, Plan, Rows
 from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
 from .registry import register
 
-__all__ = ["doubling_all_gather", "halving_reduce_scatter", "rabenseifner", "recursive_doubling"]
+__all__ = ["doubling_all_gather", "halving_reduce_scatter", "hybrid_depth", "rabenseifner",
+           "rabenseifner_hybrid", "rabenseifner_to", "recursive_doubling"]  # fmt: skip
 
 PlanFn = Callable[[int, int, int, int], Plan]
 
@@ -93,27 +101,57 @@ def rabenseifner(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
     block ``newrank`` finished (:func:`_halving`), and the doubling gives every
     member every block (:func:`_doubling`).
     """
-    rows = Rows(nranks, rank)
-    p, rem, me = _fold(nranks, rank)
-    _fold_in(rows, rank, rem, count)
-    if me >= 0:
-        blocks = chunk_bounds(count, p)
-        _halving(rows, me, p, rem, blocks)
-        _doubling(rows, me, p, rem, blocks)
-    _fold_out(rows, rank, rem, count)
-    return rows.plan(count)
+    return rabenseifner_to(None)(nranks, rank, count, itemsize)
 
 
-def _halving(rows: Rows, me: int, p: int, rem: int, blocks: list[int]) -> None:
-    """Member ``me`` of p reduces block ``me`` of ``blocks`` (p + 1 bounds) over all p.
+def rabenseifner_hybrid(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+    """Rabenseifner's plan halved to the depth the cost model prices fastest for
+    ``count * itemsize`` bytes (:func:`hybrid_depth`, with :func:`ringmpi.tuning.pricing`'s
+    constants: every member computes the same)."""
+    depth = hybrid_depth(count * itemsize, _power(nranks)[0], tuning.pricing(nranks))
+    return rabenseifner_to(depth)(nranks, rank, count, itemsize)
+
+
+@functools.lru_cache(maxsize=64)
+def rabenseifner_to(levels: int | None) -> PlanFn:
+    """The plan builder of Rabenseifner's algorithm halved ``levels`` times (None:
+    all lg p). After k halvings each member holds 2^(lg p - k) blocks reduced over
+    the 2^k members that differ from it in the high bits; the lg p - k members
+    that differ in the low bits swap and reduce those blocks whole (recursive
+    doubling), and the last k levels of the doubling gather the rest:
+    lg p + k steps."""
+
+    def build(nranks: int, rank: int, count: int, itemsize: int = 1) -> Plan:
+        rows = Rows(nranks, rank)
+        p, rem, me = _fold(nranks, rank)
+        _fold_in(rows, rank, rem, count)
+        if me >= 0:
+            lg = p.bit_length() - 1
+            k = lg if levels is None else min(levels, lg)
+            blocks = chunk_bounds(count, p)
+            _halving(rows, me, p, rem, blocks, k)
+            _swapping(rows, me, p, rem, blocks, k)
+            _doubling(rows, me, p, rem, blocks, k)
+        _fold_out(rows, rank, rem, count)
+        return rows.plan(count)
+
+    return build
+
+
+def _halving(rows: Rows, me: int, p: int, rem: int, blocks: list[int],
+             levels: int | None = None) -> None:  # fmt: skip
+    """Member ``me`` of p reduces block ``me`` of ``blocks`` (p + 1 bounds) over all p
+    (or, after ``levels`` < lg p steps, its aligned group of p / 2^levels blocks over
+    the 2^levels members that share its low bits).
 
     In step k (mask = p/2, p/4, ..., 1) the member keeps the lower half of its
     block range if its ``mask`` bit is 0, else the upper half, sends the other
     half to ``me xor mask`` and reduces the half it keeps with what the partner
     sends: lg p steps, (p-1)/p of an even buffer sent."""
     lo, hi = 0, p
+    last = 1 if levels is None else p >> levels
     mask, step = p >> 1, 0
-    while mask >= 1:
+    while mask >= last:
         partner = me ^ mask
         mid = (lo + hi) // 2
         keep, give = ((lo, mid), (mid, hi)) if me & mask == 0 else ((mid, hi), (lo, mid))
@@ -125,12 +163,31 @@ def _halving(rows: Rows, me: int, p: int, rem: int, blocks: list[int]) -> None:
         mask, step = mask >> 1, step + 1
 
 
-def _doubling(rows: Rows, me: int, p: int, rem: int, blocks: list[int]) -> None:
-    """Member ``me`` of p, holding block ``me`` of ``blocks``, gathers all p: in step k
-    (mask = 1, 2, ..., p/2) it swaps everything it holds with ``me xor mask``,
-    doubling it: lg p steps, (p-1)/p of an even buffer sent."""
-    lo, hi = me, me + 1
+def _swapping(rows: Rows, me: int, p: int, rem: int, blocks: list[int], levels: int) -> None:
+    """After ``levels`` halvings: the members that share ``me``'s high bits hold the
+    same aligned group of p / 2^levels blocks; they swap and reduce it whole with
+    ``me xor mask``, mask = 1 .. p / 2^(levels + 1) (recursive doubling)."""
+    span = p >> levels
+    group = (me - me % span, me - me % span + span)
     mask, step = 1, 0
+    while mask < span:
+        partner = me ^ mask
+        action = REDUCE | (THEIRS_FIRST if partner < me else 0) | (FINAL if 2 * mask == span else 0)
+        peer = _real(partner, rem)
+        rows.add(RECURSIVE_DOUBLING, step, _span(peer, blocks, group), _span(peer, blocks, group),
+                 action)  # fmt: skip
+        mask, step = mask << 1, step + 1
+
+
+def _doubling(rows: Rows, me: int, p: int, rem: int, blocks: list[int],
+              levels: int | None = None) -> None:  # fmt: skip
+    """Member ``me`` of p, holding block ``me`` of ``blocks`` (or its aligned group of
+    p / 2^levels), gathers all p: in step k (mask = 1, 2, ..., p/2, or from
+    p / 2^levels) it swaps everything it holds with ``me xor mask``, doubling it:
+    lg p steps, (p-1)/p of an even buffer sent."""
+    span = 1 if levels is None else p >> levels
+    lo, hi = me - me % span, me - me % span + span
+    mask, step = span, 0
     while mask < p:
         partner = me ^ mask
         size = hi - lo
@@ -238,9 +295,39 @@ def rabenseifner_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
     if p <= 1:
         return {"call": 1.0}
     q, rem = _power(p)
-    lg = math.log2(q)
-    t = {"call": 1.0, "alpha": 2 * lg, "beta": 2 * n * (q - 1) / q, "gamma": n * (q - 1) / q}
-    return _with_fold(t, n, rem)
+    return _with_fold(_hybrid(n, q, q.bit_length() - 1), n, rem)
+
+
+def _hybrid(n: float, q: int, k: int) -> dict[str, float]:
+    """Halving k of lg q levels: (lg q + k) alpha; each member sends and reduces
+    n(1 - 2^-k) in the halving, n 2^-k in each of the lg q - k swaps, and sends
+    n(1 - 2^-k) in the doubling."""
+    lg = q.bit_length() - 1
+    kept = n / (1 << k)
+    reduced = n - kept + (lg - k) * kept
+    return {"call": 1.0, "alpha": float(lg + k), "beta": reduced + n - kept, "gamma": reduced}
+
+
+def hybrid_depth(nbytes: float, q: int, costs: tuning.Costs) -> int:
+    """The halvings k (0 .. lg q, q a power of two) with the least alpha, beta and
+    gamma time for ``nbytes``: a further level pays one more step and saves
+    sending and reducing a quarter of what each swap still moves."""
+    lg = q.bit_length() - 1
+
+    def seconds(k: int) -> float:
+        t = _hybrid(nbytes, q, k)
+        return costs.alpha * t["alpha"] + costs.beta * t["beta"] + costs.gamma * t["gamma"]
+
+    return min(range(lg + 1), key=seconds)
+
+
+def rabenseifner_hybrid_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
+    """Rabenseifner's halved to :func:`hybrid_depth` (priced as the plan picks it),
+    and the fold."""
+    if p <= 1:
+        return {"call": 1.0}
+    q, rem = _power(p)
+    return _with_fold(_hybrid(n, q, hybrid_depth(n, q, tuning.pricing(p))), n, rem)
 
 
 # Each partial result they forward would round to 16 bits at every step.
@@ -257,4 +344,12 @@ register(
     terms=rabenseifner_terms,
     summary="Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling.",
     no_half="it forwards partial results, rounded to 16 bits at every step",
+)
+register(
+    "rabenseifner_hybrid",
+    plan=rabenseifner_hybrid,
+    terms=rabenseifner_hybrid_terms,
+    summary="Rabenseifner halved to the depth the cost model picks, recursive doubling below.",
+    no_half="it forwards partial results, rounded to 16 bits at every step",
+    auto=False,
 )

@@ -147,9 +147,9 @@ def _hierarchical_rows(nranks, nodes, per_node, count, costs, rails):
         if nodes > 1:
             with tuning.pricing_with(costs):
                 name = hierarchical.across_nodes(length * _ITEMSIZE, nodes, per_node)
-            build = algorithms.get(name).plan
+                built = algorithms.get(name).plan(nodes, m, length, _ITEMSIZE)
             rail = [k * per_node + j for k in range(nodes)]
-            rows = _table(build(nodes, m, length, _ITEMSIZE), rail)
+            rows = _table(built, rail)
         out.append((phase / 2, rows, phase / 2))
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from ringmpi import algorithms, plans
+from ringmpi import algorithms, plans, tuning
 from ringmpi._settings import ACROSS as ACROSS_CHOICES
 from ringmpi.algorithms.hierarchical import across_nodes
 from ringmpi.schedule import (
@@ -98,7 +98,7 @@ def simulate_hierarchical(
     across: str = "ring",
 ) -> HierarchicalCost:  # fmt: skip
     """Count the hierarchical algorithm's traffic on simulated ranks: the rails run the
-    plan across nodes (``across``: ring, rabenseifner, recursive_doubling, or auto:
+    plan across nodes (``across``: one of hierarchical.ACROSS, or auto:
     the cost model's choice for each slice, as a real call makes it) through the
     simulator, which checks that every slice ends complete, each node's
     contribution counted once."""
@@ -118,7 +118,8 @@ def simulate_hierarchical(
         if across == "auto":
             name = across_nodes(length * itemsize, len(rail), layout.nslices)
         cost.across.append(name)
-        sim = plans.simulate(algorithms.get(name).plan, len(rail), length, itemsize)
+        with tuning.pricing_with(tuning.pricing(layout.nslices)):  # as a real call prices
+            sim = plans.simulate(algorithms.get(name).plan, len(rail), length, itemsize)
         for p, r in enumerate(rail):
             cost.inter_bytes[r] += sim.bytes_sent[p]
             cost.inter_steps[r] += sim.steps[p]

@@ -66,13 +66,19 @@ test: test-unit test-mpi test-mpi4py
 
 # MPI-free: schedule, kernels (this also fills Numba's cache for every op and dtype),
 # the CLI and error paths that start mpirun themselves.
+# Each part ends by checking that /dev/shm holds no stale segment it did not hold before.
+SHM_BEFORE = tests/.logs/shm-before-$@.json
+
 test-unit: $(VENV)/.ok-test
+	@mkdir -p tests/.logs && $(PY) -m ringmpi shm --snapshot $(SHM_BEFORE)
 	$(PY) -m ringmpi kernels --warm
 	$(PY) -m pytest tests -m "not mpi"
+	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 
 # The MPI suite at 1-5 ranks (odd and non-power-of-two counts give uneven chunks), then
 # the hierarchical layouts at 6-8.
 test-mpi: $(VENV)/.ok-test
+	@mkdir -p tests/.logs && $(PY) -m ringmpi shm --snapshot $(SHM_BEFORE)
 	@for run in $(foreach n,$(RANKS),$(n):tests) \
 	            $(foreach n,$(HIER_RANKS),$(n):tests/test_mpi_hierarchical.py); do \
 	  n=$${run%%:*}; what=$${run#*:}; \
@@ -82,6 +88,7 @@ test-mpi: $(VENV)/.ok-test
 	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
 	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
 	done
+	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 
 # mpi4py's own collective tests (tests/mpi4py_suite.py), from mpi4py's source release
 # (its test/ folder): every test that passes on the plain communicator at 1-4 ranks
@@ -97,11 +104,13 @@ $(MPI4PY_DIR)/test/main.py:
 	touch $@
 
 test-mpi4py: $(VENV)/.ok-test $(MPI4PY_DIR)/test/main.py
+	@mkdir -p tests/.logs && $(PY) -m ringmpi shm --snapshot $(SHM_BEFORE)
 	@for n in $(MPI4PY_RANKS); do \
 	  echo "== mpi4py $(MPI4PY_RELEASE)'s collective tests at $$n rank(s), plain and wrapped =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
 	    $(PY) tests/mpi4py_suite.py $(MPI4PY_DIR)/test || exit 1; \
 	done
+	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 
 # ringmpi.torch's DDP hook against DDP's own all-reduce (tests/test_mpi_torch.py) at
 # 1-3 ranks. torch from PyPI: on Linux x86-64 its wheel brings the CUDA libraries

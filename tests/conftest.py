@@ -25,6 +25,20 @@ LOGS = Path(__file__).parent / ".logs"
 os.environ.setdefault("RINGMPI_TUNER", "off")
 
 
+@pytest.fixture(autouse=True)
+def _no_stale_segments():
+    """A job a test starts (and maybe kills) must not leave MPI's shared-memory
+    segments in /dev/shm: those that appeared during the test and no live process
+    uses are removed after it. Under --with-mpi the ranks' own are in use."""
+    if "--with-mpi" in sys.argv:
+        yield
+        return
+    from ringmpi.tools import shm
+
+    with shm.swept(linger=1.0):
+        yield
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     if "--with-mpi" not in sys.argv:

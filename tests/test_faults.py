@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ringmpi.tools import reliability
+from ringmpi.tools import reliability, shm
 
 # What "a few seconds" is: the launcher tearing the job down on 2 cores.
 GRACE = 5.0
@@ -20,7 +20,10 @@ GRACE = 5.0
 @pytest.mark.parametrize("fault", reliability.FAULTS)
 @pytest.mark.parametrize("case", reliability.ALGORITHMS)
 def test_fault_ends_the_job_and_names_the_rank(case, fault):
+    before = shm.names()
     o = reliability.launch(case, fault)
+    # the segments of the ranks it killed went with the job
+    assert shm.stale(among=shm.names() - before) == []
     assert o.returncode is not None, f"the job hung: {o.message}"
     assert o.returncode != 0, o.message
     if fault == "kill":  # the launcher's report: MPICH's may name another process it reaped

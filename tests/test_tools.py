@@ -15,8 +15,8 @@ from ringmpi.tools._units import format_size, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
-COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "report",
-            "reliability", "buckets", "kernels")  # fmt: skip
+COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "shm",
+            "report", "reliability", "buckets", "kernels")  # fmt: skip
 
 
 def ringmpi(*args: str) -> subprocess.CompletedProcess:
@@ -31,6 +31,23 @@ def test_help_lists_every_command_with_its_summary():
     listed = p.stdout.split("commands:\n")[1].splitlines()
     assert [line.split()[0] for line in listed] == list(COMMANDS)
     assert all(len(line.split()) > 2 for line in listed)  # a summary after each name
+
+
+def test_the_console_script_is_the_same_entry():
+    script = Path(PY).parent / "ringmpi"
+    p = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == ringmpi("--help").stdout
+
+
+def test_one_version():
+    import importlib.metadata
+
+    import ringmpi as package
+
+    assert importlib.metadata.version("ringmpi") == package.__version__
+    pyproject = (PACKAGE.parent / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and '\nversion = "' not in pyproject
 
 
 def test_help_imports_no_tool():

@@ -71,6 +71,12 @@ def scaling(argv: list[str]) -> int:
 
 
 @_register
+def shm(argv: list[str]) -> int:
+    """List or remove stale MPI shared-memory segments in /dev/shm."""
+    return _tool("shm").main(argv)
+
+
+@_register
 def report(argv: list[str]) -> int:
     """Merge allreduce --json results into one table (and a plot)."""
     return _tool("report").main(argv)

@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import prog
+from . import prog, shm
 
 __all__ = ["ALGORITHMS", "FAULTS", "Outcome", "launch", "main"]
 
@@ -98,16 +98,17 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TIMEOUT": repr(timeout), **settings}
     cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", _JOB,
            "fault", algorithm, fault, str(CULPRIT)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=_LIMIT + 60)
-        code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        code = None
-    ended = time.time()
+    with shm.swept():  # the killed ranks' segments: removed once the job is gone
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)  # fmt: skip
+        try:
+            out, _ = proc.communicate(timeout=_LIMIT + 60)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            code = None
+        ended = time.time()
     at = re.search(r"^fault \w+ at ([0-9.]+)$", out, re.M)
     seconds = ended - float(at.group(1)) if at else float("nan")
     pid = re.search(rf"^rank {CULPRIT} pid (\d+)$", out, re.M)

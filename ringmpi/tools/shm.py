@@ -1,0 +1,143 @@
+"""Stale shared-memory segments: ``python -m ringmpi shm``.
+
+An MPI library keeps a job's shared memory (its intra-node channels, the
+shared windows ringmpi reduces through) as files in ``/dev/shm`` and removes
+them when the job ends. A rank killed by a signal, or a job its launcher tears
+down, leaves them behind: MPICH's ``mpich_shm_*``, Open MPI's ``sm_segment.*``
+and ``vader_segment.*``, Intel MPI's ``shm-col-space-*``. They hold memory
+until removed, and a stale one can make a later MPICH job hang in MPI_Init.
+
+A segment is *stale* when it is owned by this user and no live process maps
+it or holds it open (``/proc/*/maps`` and ``/proc/*/fd``). Removing stale ones
+cannot touch a running job.
+
+    python -m ringmpi shm                 # list the stale segments
+    python -m ringmpi shm --remove        # remove them
+    python -m ringmpi shm --snapshot F    # write what /dev/shm holds now to F
+    python -m ringmpi shm --since F       # exit 1 if a stale segment appeared since F
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import prog
+
+__all__ = ["in_use", "main", "names", "remove_new", "stale", "swept"]
+
+SHM = Path("/dev/shm")
+
+
+def names(shm: Path = SHM) -> set[str]:
+    """The files in ``shm`` now (none where it does not exist)."""
+    try:
+        return {p.name for p in shm.iterdir() if p.is_file()}
+    except OSError:
+        return set()
+
+
+def in_use(shm: Path = SHM) -> set[str]:
+    """The names of the files in ``shm`` that a live process maps or holds open
+    (of the processes this user may inspect: all of them as root)."""
+    prefix = str(shm) + "/"
+    used: set[str] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for line in (proc / "maps").read_text().splitlines():
+                at = line.find(prefix)
+                if at >= 0:
+                    used.add(line[at + len(prefix) :].removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith(prefix):
+                        used.add(target[len(prefix) :].removesuffix(" (deleted)"))
+    return used
+
+
+def stale(shm: Path = SHM, among: set[str] | None = None) -> list[str]:
+    """The segments in ``shm`` (or those of ``among``) owned by this user that no
+    live process uses, sorted."""
+    uid = os.getuid()
+    candidates = names(shm) if among is None else among & names(shm)
+    if not candidates:
+        return []
+    owned = set()
+    for name in candidates:
+        with contextlib.suppress(OSError):
+            if (shm / name).stat().st_uid == uid:
+                owned.add(name)
+    return sorted(owned - in_use(shm))
+
+
+def remove_new(before: set[str], shm: Path = SHM) -> list[str]:
+    """Remove the stale segments that appeared since ``before`` (a :func:`names`
+    snapshot); return their names."""
+    gone = []
+    for name in stale(shm, names(shm) - before):
+        with contextlib.suppress(FileNotFoundError):
+            (shm / name).unlink()
+            gone.append(name)
+    return gone
+
+
+@contextlib.contextmanager
+def swept(shm: Path = SHM, linger: float = 3.0) -> Iterator[list[str]]:
+    """Around a job that may be killed: afterwards, remove the stale segments it
+    left (those that appeared in the block and no process uses), waiting up to
+    ``linger`` seconds for ranks that outlive their launcher to let go. The
+    list it yields holds their names once the block ends."""
+    before = names(shm)
+    gone: list[str] = []
+    try:
+        yield gone
+    finally:
+        end = time.monotonic() + linger
+        while True:
+            gone.extend(remove_new(before, shm))
+            if not names(shm) - before or time.monotonic() >= end:
+                break
+            time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog("shm"), description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))  # fmt: skip
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--remove", action="store_true", help="remove the stale segments")
+    what.add_argument("--snapshot", metavar="FILE", type=Path,
+                      help="write the names /dev/shm holds now to FILE (JSON)")  # fmt: skip
+    what.add_argument("--since", metavar="FILE", type=Path,
+                      help="exit 1 if a stale segment appeared since --snapshot FILE")  # fmt: skip
+    parser.add_argument("--dir", type=Path, default=SHM, help="the directory (default /dev/shm)")
+    args = parser.parse_args(argv)
+    if args.snapshot:
+        args.snapshot.write_text(json.dumps(sorted(names(args.dir))))
+        return 0
+    if args.since:
+        before = set(json.loads(args.since.read_text()))
+        left = stale(args.dir, names(args.dir) - before)
+        if left:
+            print(f"{len(left)} stale segment(s) appeared in {args.dir}: {', '.join(left)}")
+            return 1
+        print(f"{args.dir}: no stale segment appeared")
+        return 0
+    found = stale(args.dir)
+    for name in found:
+        if args.remove:
+            with contextlib.suppress(FileNotFoundError):
+                (args.dir / name).unlink()
+        print(f"{'removed' if args.remove else 'stale'} {args.dir / name}")
+    if not found:
+        print(f"{args.dir}: no stale segment")
+    return 0

@@ -1,0 +1,58 @@
+"""python -m ringmpi shm: stale segments are those no live process maps or holds open."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from ringmpi.tools import shm
+
+
+def test_only_segments_no_process_uses_are_stale(tmp_path):
+    for name in ("left", "held", "mapped"):
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    before = {"left"}  # there before the "job"
+    (tmp_path / "new").write_bytes(b"\0" * 4096)
+    code = (
+        "import mmap, sys, time\n"
+        f"held = open({str(tmp_path / 'held')!r}, 'rb')\n"
+        f"f = open({str(tmp_path / 'mapped')!r}, 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        assert shm.in_use(tmp_path) >= {"held", "mapped"}
+        assert shm.stale(tmp_path) == ["left", "new"]
+        assert shm.remove_new(before | {"held", "mapped"}, tmp_path) == ["new"]
+        assert shm.names(tmp_path) == {"left", "held", "mapped"}
+    finally:
+        proc.kill()
+        proc.wait()
+    assert shm.stale(tmp_path) == ["held", "left", "mapped"]  # their process is gone
+
+
+def test_swept_removes_what_a_killed_job_left(tmp_path):
+    (tmp_path / "old").write_bytes(b"x")
+    with shm.swept(tmp_path, linger=0.0) as gone:
+        (tmp_path / "seg_0").write_bytes(b"x")
+        (tmp_path / "seg_1").write_bytes(b"x")
+    assert sorted(gone) == ["seg_0", "seg_1"] and shm.names(tmp_path) == {"old"}
+
+
+def test_the_command_lists_removes_and_checks(tmp_path, capsys):
+    (tmp_path / "mpich_shm_1").write_bytes(b"x")
+    snap = tmp_path.parent / f"{tmp_path.name}.json"
+    assert shm.main(["--dir", str(tmp_path), "--snapshot", str(snap)]) == 0
+    assert json.loads(snap.read_text()) == ["mpich_shm_1"]
+    assert shm.main(["--dir", str(tmp_path), "--since", str(snap)]) == 0
+    (tmp_path / "mpich_shm_2").write_bytes(b"x")
+    assert shm.main(["--dir", str(tmp_path), "--since", str(snap)]) == 1
+    assert "1 stale segment(s) appeared" in capsys.readouterr().out
+    assert shm.main(["--dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("stale ") == 2
+    assert shm.main(["--dir", str(tmp_path), "--remove"]) == 0
+    assert shm.names(tmp_path) == set()
+    assert shm.main(["--dir", str(tmp_path)]) == 0
+    assert "no stale segment" in capsys.readouterr().out

@@ -163,7 +163,10 @@ def _reduce(acc, inp, code, reverse, action, divisor):
 # its count (where the slots begin), where this rank's chunk starts, and how many
 # contribution starts follow the parameters.
 (_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _TIMEOUT, _COPY,
- _KIND, _AVG_BY, _COUNT, _CHUNK, _NSTARTS, _NPARAMS) = range(18)  # fmt: skip
+ _KIND, _AVG_BY, _COUNT, _CHUNK, _NSTARTS, _TIMED, _NPARAMS) = range(19)  # fmt: skip
+# A row's cells in the report: bytes and messages sent, then (a traced call only)
+# when it started and ended and the nanoseconds it spent reducing.
+_SENT, _MESSAGES, _STARTED, _ENDED, _REDUCING, _ROW = range(6)
 
 
 @_jit
@@ -179,13 +182,14 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     ``status`` (an MPI_Status seen as int32s, followed by two int32 cells for a
     count and a flag), whether to wait sleepily, the lanes per element of the
     plan's offsets, the timeout in ns (0: none), whether to copy ``source`` in
-    first, and a FOLD plan's cells.
+    first, a FOLD plan's cells, and whether to time the rows (a traced call).
     ``scratch`` holds two segments of a reduce, or a TO_SLOTS plan's slots.
     ``requests`` holds the request slots, then a live flag per slot: the
     receives' slots first (all of a store's segments, or two for a reduce), then
-    one per segment sent. In the report, ``[2 row]`` and ``[2 row + 1]`` count the
-    bytes and messages each row really sent, and the last cells say what went
-    wrong, if anything (:mod:`ringmpi._report`; the step is the row).
+    one per segment sent. In the report, ``_ROW`` cells a row count the bytes and
+    messages it really sent and, timed, its monotonic start and end and its time
+    reducing, in ns; the last cells say what went wrong, if anything
+    (:mod:`ringmpi._report`; the step is the row).
 
     Row flags beyond REDUCE: FROM_INPUT sends read ``source`` where it lies;
     OWN_FROM_INPUT reduces take this rank's operand from ``source``;
@@ -201,6 +205,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
     sleepy, w, timeout = params[_SLEEPY] != 0, params[_LANES], params[_TIMEOUT]
     kind, avg_by, count, chunk = params[_KIND], params[_AVG_BY], params[_COUNT], params[_CHUNK]
+    timed = params[_TIMED] != 0
     nstat = status.size - 2
     cnt = status[nstat:]  # count, then flag
     isz = work.itemsize
@@ -215,8 +220,10 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         for i in range(work.size):
             work[i] = source[i]
     for row in range(table.shape[0]):
-        report[2 * row] = 0
-        report[2 * row + 1] = 0
+        cells = report[row * _ROW : (row + 1) * _ROW]
+        cells[:] = 0
+        if timed:
+            cells[_STARTED] = monotonic_ns()
         dest, src, action = table[row, SEND_TO], table[row, RECV_FROM], table[row, ACTION]
         err[2] = src if src >= 0 else dest  # the rank a report names, unless it says
         soff, slen = table[row, SEND_OFF] * w, table[row, SEND_LEN] * w
@@ -239,10 +246,11 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             if e != 0:
                 err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
                 return
-            report[2 * row] = slen * isz
-            report[2 * row + 1] = 1
+            cells[_SENT] = slen * isz
+            cells[_MESSAGES] = 1
             if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
                 return
+            t = monotonic_ns() if timed else 0
             if reduce:
                 if own:
                     work[roff : roff + rlen] = source[roff : roff + rlen]
@@ -250,6 +258,9 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             elif fold:
                 fold_half_parts(work[chunk : chunk + rlen], source, scratch, count, starts, 0,
                                 code, kind, avg_by)  # fmt: skip
+            if timed:
+                cells[_ENDED] = monotonic_ns()
+                cells[_REDUCING] = cells[_ENDED] - t if reduce or fold else 0
             continue
         # A reduce's segments land in the two scratch halves in turn; a store's in place.
         slots = min(2, nrecv) if reduce else nrecv
@@ -289,8 +300,11 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
             if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
                 break
             if fold:
+                t = monotonic_ns() if timed else 0
                 fold_half_parts(work[chunk + a : chunk + a + n], source, scratch, count, starts, a,
                                 code, kind, avg_by)  # fmt: skip
+                if timed:
+                    cells[_REDUCING] += monotonic_ns() - t
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
                 while waited < upto and e == 0:
@@ -299,16 +313,19 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                         err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
                         break
                     live[slots + waited] = 0
-                    report[2 * row] += min(seg, slen - waited * seg) * isz
-                    report[2 * row + 1] += 1
+                    cells[_SENT] += min(seg, slen - waited * seg) * isz
+                    cells[_MESSAGES] += 1
                     waited += 1
                 if e != 0:
                     break
                 half = (k % 2) * seg
                 acc = work[roff + a : roff + a + n]
+                t = monotonic_ns() if timed else 0
                 if own:
                     acc[:] = source[roff + a : roff + a + n]
                 _reduce(acc, scratch[half : half + n], code, reverse, action, divisor)
+                if timed:
+                    cells[_REDUCING] += monotonic_ns() - t
                 if k + 2 < nrecv:
                     a2 = (k + 2) * seg
                     n2 = min(seg, rlen - a2)
@@ -323,9 +340,11 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                 err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
                 break
             live[slots + waited] = 0
-            report[2 * row] += min(seg, slen - waited * seg) * isz
-            report[2 * row + 1] += 1
+            cells[_SENT] += min(seg, slen - waited * seg) * isz
+            cells[_MESSAGES] += 1
             waited += 1
+        if timed:
+            cells[_ENDED] = monotonic_ns()
         if e != 0 and err[0] == OK:
             err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
         if err[0] != OK:
@@ -360,7 +379,7 @@ class _Shape:
                  _NSTARTS: len(plan.starts)}  # fmt: skip
         # The fixed arguments, the contributions' starts, then what each call reports.
         params = _NPARAMS + len(plan.starts)
-        self.state = np.zeros(params + 2 * len(table) + CELLS, np.int64)
+        self.state = np.zeros(params + _ROW * len(table) + CELLS, np.int64)
         self.state[list(fixed)] = list(fixed.values())
         self.state[_NPARAMS:params] = plan.starts
         self.report = self.state[params:]
@@ -460,10 +479,13 @@ def run(
     if shape.split:
         into, source = red.lanes(into), red.lanes(source)
     engine = ctx.engine
+    traced = bool(_trace._active)
+    shape.state[_TIMED] = traced
     _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.state,
              engine.requests, engine.status)  # fmt: skip
     failed = report.item(-CELLS) != OK
-    if _trace._active:
+    if traced:
+        shape.state[_TIMED] = 0
         _record(plan, report, algorithm, prefix, peers or range(ctx.size))
     if failed:
         _raise(report[-CELLS:], plan, ctx, shape, algorithm, prefix, peers or range(ctx.size))
@@ -511,15 +533,21 @@ def _engine_of(ctx) -> _Engine:
 
 
 def _record(plan: Plan, report: np.ndarray, algorithm: str, prefix: str, peers) -> None:
-    """Trace the sends the rows really made (up to a failed row)."""
+    """Trace the sends the rows really made (up to a failed row), and when each row
+    ran."""
     table = plan.table
     last = int(report[1 - CELLS]) if report[-CELLS] != OK else len(table) - 1
     for row in range(last + 1):
         r = table[row]
-        if r[SEND_TO] >= 0:
-            _trace.record(algorithm, prefix + plan.phases[r[PHASE]], int(r[STEP]),
-                          peers[int(r[SEND_TO])], int(report[2 * row]),
-                          int(report[2 * row + 1]))  # fmt: skip
+        c = report[row * _ROW : (row + 1) * _ROW]
+        phase, step = prefix + plan.phases[r[PHASE]], int(r[STEP])
+        to = peers[int(r[SEND_TO])] if r[SEND_TO] >= 0 else -1
+        if to >= 0:
+            _trace.record(algorithm, phase, step, to, int(c[_SENT]), int(c[_MESSAGES]))
+        frm = peers[int(r[RECV_FROM])] if r[RECV_FROM] >= 0 else -1
+        _trace.record_span(algorithm, phase, step, int(c[_STARTED]), int(c[_ENDED]),
+                           sent_to=to, nbytes=int(c[_SENT]), received_from=frm,
+                           reducing=int(c[_REDUCING]))  # fmt: skip
 
 
 def _raise(cells, plan: Plan, ctx, shape: _Shape, algorithm: str, prefix: str, peers) -> None:

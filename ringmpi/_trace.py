@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "Trace", "TrialCall", "Tuned", "open_here", "recording_for", "trace"]
+__all__ = ["Event", "Span", "Trace", "TrialCall", "Tuned", "open_here", "recording_for", "trace"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,28 @@ class Event:
     peer: int  # the destination rank in the communicator the call was given
     nbytes: int
     messages: int = 1  # MPI messages it took (a step sends its chunk in segments)
+
+
+@dataclass(frozen=True)
+class Span:
+    """When one step ran on this rank: a row of a plan (its send, its receive and the
+    reduce of what arrived), or a phase through the node's shared memory.
+
+    ``start`` and ``end`` are this rank's monotonic clock in nanoseconds (on one host
+    the ranks share it); ``reducing`` is the part of it spent reducing (the sum over
+    the step's segments, which overlap its messages); a peer of -1: none."""
+
+    call: int
+    algorithm: str
+    phase: str
+    step: int
+    start: int
+    end: int
+    sent_to: int = -1
+    nbytes: int = 0
+    received_from: int = -1
+    reducing: int = 0
+    shared: bool = False  # through the node's shared memory, not a message
 
 
 @dataclass(frozen=True)
@@ -52,6 +74,7 @@ class Trace:
     """The sends of every ringmpi call made inside a :func:`trace` block, on this rank."""
 
     events: list[Event] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)  # when each step ran
     calls: int = 0
     # The hierarchical algorithm's shared-memory phase: bytes this rank stored to
     # and loaded from the node's window (no messages there).
@@ -95,6 +118,16 @@ def record(
     """Record what one step sent to one peer (called by the algorithms)."""
     for t in _mine():
         t.events.append(Event(t.calls - 1, algorithm, phase, step, peer, nbytes, messages))
+
+
+def record_span(algorithm: str, phase: str, step: int, start: int, end: int, *,
+                sent_to: int = -1, nbytes: int = 0, received_from: int = -1,
+                reducing: int = 0, shared: bool = False) -> None:  # fmt: skip
+    """Record when one step ran (monotonic ns; an end before the start, as a failed
+    step leaves it, is taken as the start)."""
+    for t in _mine():
+        t.spans.append(Span(t.calls - 1, algorithm, phase, step, start, max(start, end), sent_to,
+                            nbytes, received_from, reducing, shared))  # fmt: skip
 
 
 def record_shared(written: int, read: int) -> None:

@@ -15,7 +15,7 @@ from ringmpi.tools._units import format_size, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
-COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "shm",
+COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "trace", "shm",
             "report", "reliability", "buckets", "kernels")  # fmt: skip
 
 
@@ -53,7 +53,7 @@ def test_one_version():
 def test_help_imports_no_tool():
     code = ("import sys\nfrom ringmpi.tools import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\n"
-            f"tools = [f'ringmpi.tools.{{c}}' for c in {(*COMMANDS, 'halves')!r}]\n"
+            f"tools = [f'ringmpi.tools.{{c}}' for c in {(*COMMANDS, 'halves', 'timeline')!r}]\n"
             "print(sorted(m for m in sys.modules if m.startswith(('numba', 'mpi4py')) "
             "or m in tools))")  # fmt: skip
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)

@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import dataclass
 
 import numba
@@ -458,11 +459,11 @@ def hierarchical_allreduce(
     started = MPI.Wtime()
     passes = (work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout)
     if lay.nodes == 1:
-        _run_passes(*passes, ONE_NODE)
+        _node_phase(passes, ONE_NODE, "node reduce")
     else:
         # Across nodes: publish and fold the whole buffer into `work`, all-reduce the
         # owned slices along their rails, then store the results and copy out.
-        _run_passes(*passes, GATHER)
+        _node_phase(passes, GATHER, "node reduce-scatter")
         partials = red.partials()  # AVG sums across nodes and divides once, by the owner
         for j in lay.owned:
             acc = work[bounds[j] : bounds[j + 1]]
@@ -479,7 +480,7 @@ def hierarchical_allreduce(
                     ctx.break_off(str(exc))
                 raise
             red.finish(acc, ctx.size)
-        _run_passes(*passes, SPREAD)
+        _node_phase(passes, SPREAD, "node all-gather")
     if timing is not None:
         timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
     if _trace._active:
@@ -488,6 +489,18 @@ def hierarchical_allreduce(
         owned = sum(bounds[j + 1] - bounds[j] for j in lay.owned)
         loaded = owned * (lay.local_size - 1) + work.size - owned
         _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
+
+
+def _node_phase(passes: tuple, phase: int, name: str) -> None:
+    """One phase through the node's window, its time recorded when traced."""
+    if not _trace._active:
+        _run_passes(*passes, phase)
+        return
+    started = time.monotonic_ns()
+    _run_passes(*passes, phase)
+    work = passes[0]
+    _trace.record_span("hierarchical", name, 0, started, time.monotonic_ns(),
+                       nbytes=work.nbytes, shared=True)  # fmt: skip
 
 
 def _slowest(ctx: Context, lay: Layout, took: float, timeout: float) -> float:

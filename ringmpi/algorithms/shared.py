@@ -51,6 +51,7 @@ the communicator on one node; ``auto`` offers it only there.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 import numba
@@ -505,11 +506,14 @@ def shared_memory_allreduce(
     into, frm = work, work if source is None else source
     if split:
         into, frm = red.lanes(into), red.lanes(frm)
+    started = time.monotonic_ns() if _trace._active else 0
     _allreduce(into, frm, data, node.flags, params, divisor)
     if params.item(_NPARAMS):
         _raise(params[_NPARAMS:], into.size, red, ctx, timeout)
     if _trace._active:
         isz = into.itemsize
+        _trace.record_span("shared_memory", "node reduce", 0, started, time.monotonic_ns(),
+                           nbytes=int(params[_WROTE]) * isz, shared=True)  # fmt: skip
         _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
 
 

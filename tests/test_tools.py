@@ -15,7 +15,7 @@ from ringmpi.tools._units import format_size, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
-COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "trace", "shm",
+COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "choices", "trace", "shm",
             "report", "reliability", "buckets", "kernels")  # fmt: skip
 
 
@@ -193,3 +193,29 @@ def test_one_size_formatter(nbytes, short, long):
     assert format_size(nbytes) == short
     assert format_size(nbytes, long=True) == long
     assert parse_size(short) == nbytes
+
+
+def test_choices_are_the_models_pick_where_each_can_run(capsys):
+    from conftest import auto_choice
+
+    from ringmpi import algorithms, tuning
+    from ringmpi.algorithms import hierarchical
+    from ringmpi.tools import choices
+
+    sizes = [8, 8 << 10, 1 << 20, 64 << 20]
+    got = choices.choices([(1, 4), (8, 8)], sizes)
+    one_node = algorithms.candidates()
+    several = [a for a in one_node if not algorithms.get(a).one_node]
+    assert got[1, 4] == [auto_choice(tuning.load(4), n, 4, 1, 4, one_node) for n in sizes]
+    for n, pick in zip(sizes, got[8, 8], strict=True):
+        want = auto_choice(tuning.load(8), n, 64, 8, 8, several)
+        if want == "hierarchical":
+            want += "/" + hierarchical.across_nodes(n / 8, 8, 8)
+        assert pick == want
+    assert "shared_memory" not in got[8, 8] and got[8, 8][-1].startswith("hierarchical/")
+    assert choices.main(["--layouts", "1x2,2x2", "-b", "8", "-e", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["size", "1x2", "2x2"] and len(lines) == 3
+    for bad in ("1x1", "8y8"):
+        with pytest.raises(SystemExit):
+            choices.main(["--layouts", bad])

@@ -71,6 +71,12 @@ def scaling(argv: list[str]) -> int:
 
 
 @_register
+def choices(argv: list[str]) -> int:
+    """Print (and draw) auto's cost-model pick by buffer size and layout."""
+    return _tool("choices").main(argv)
+
+
+@_register
 def trace(argv: list[str]) -> int:
     """Draw one call's schedule as it ran, rank by rank in time (under mpirun)."""
     return _tool("timeline").main(argv)

@@ -127,7 +127,10 @@ def test_versus_sets_auto_against_each_library(tmp_path, capsys):
     png = tmp_path / "v.png"
     assert report.main(["--versus", str(a), str(b), "--markdown", "--plot", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "| size | MPICH (us) | auto (us) | auto / lib | Open MPI (us) | auto (us) | auto / lib |" in out
+    assert (
+        "| size | MPICH (us) | auto (us) | auto / lib | Open MPI (us) | auto (us) | auto / lib |"
+        in out
+    )
     assert "| 8 | 6.0 | 3.0 shared_memory | 0.50 | 1.0 | 2.0 shared_memory | 2.00 |" in out
     assert "| 1K | 6.0 | 9.0 ring | 1.50 | - | - | - |" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -10,35 +10,44 @@ from ringmpi.tools import shm
 
 
 def test_only_segments_no_process_uses_are_stale(tmp_path):
-    for name in ("left", "held", "mapped"):
+    for name in ("mpich_shm_left", "mpich_shm_held", "mpich_shm_mapped"):
         (tmp_path / name).write_bytes(b"\0" * 4096)
-    before = {"left"}  # there before the "job"
-    (tmp_path / "new").write_bytes(b"\0" * 4096)
+    before = {"mpich_shm_left"}  # there before the "job"
+    (tmp_path / "mpich_shm_new").write_bytes(b"\0" * 4096)
     code = (
         "import mmap, sys, time\n"
-        f"held = open({str(tmp_path / 'held')!r}, 'rb')\n"
-        f"f = open({str(tmp_path / 'mapped')!r}, 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()\n"
+        f"held = open({str(tmp_path / 'mpich_shm_held')!r}, 'rb')\n"
+        f"f = open({str(tmp_path / 'mpich_shm_mapped')!r}, 'r+b'); m = mmap.mmap(f.fileno(), 4096); f.close()\n"
         "print('ready', flush=True); time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        assert shm.in_use(tmp_path) >= {"held", "mapped"}
-        assert shm.stale(tmp_path) == ["left", "new"]
-        assert shm.remove_new(before | {"held", "mapped"}, tmp_path) == ["new"]
-        assert shm.names(tmp_path) == {"left", "held", "mapped"}
+        assert shm.in_use(tmp_path) >= {"mpich_shm_held", "mpich_shm_mapped"}
+        assert shm.stale(tmp_path) == ["mpich_shm_left", "mpich_shm_new"]
+        assert shm.remove_new(before | {"mpich_shm_held", "mpich_shm_mapped"}, tmp_path) == [
+            "mpich_shm_new"
+        ]
+        assert shm.names(tmp_path) == {"mpich_shm_left", "mpich_shm_held", "mpich_shm_mapped"}
     finally:
         proc.kill()
         proc.wait()
-    assert shm.stale(tmp_path) == ["held", "left", "mapped"]  # their process is gone
+    assert shm.stale(tmp_path) == [
+        "mpich_shm_held",
+        "mpich_shm_left",
+        "mpich_shm_mapped",
+    ]  # their process is gone
 
 
 def test_swept_removes_what_a_killed_job_left(tmp_path):
-    (tmp_path / "old").write_bytes(b"x")
+    (tmp_path / "sm_segment.old").write_bytes(b"x")
     with shm.swept(tmp_path, linger=0.0) as gone:
-        (tmp_path / "seg_0").write_bytes(b"x")
-        (tmp_path / "seg_1").write_bytes(b"x")
-    assert sorted(gone) == ["seg_0", "seg_1"] and shm.names(tmp_path) == {"old"}
+        (tmp_path / "sm_segment.0").write_bytes(b"x")
+        (tmp_path / "sm_segment.1").write_bytes(b"x")
+        (tmp_path / "ringmpi-slurm-next-job-id").write_bytes(b"7")  # not an MPI segment
+    assert sorted(gone) == ["sm_segment.0", "sm_segment.1"]
+    assert shm.names(tmp_path) == {"sm_segment.old"}
+    assert (tmp_path / "ringmpi-slurm-next-job-id").read_bytes() == b"7"
 
 
 def test_the_command_lists_removes_and_checks(tmp_path, capsys):

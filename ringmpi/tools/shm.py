@@ -7,9 +7,10 @@ down, leaves them behind: MPICH's ``mpich_shm_*``, Open MPI's ``sm_segment.*``
 and ``vader_segment.*``, Intel MPI's ``shm-col-space-*``. They hold memory
 until removed, and a stale one can make a later MPICH job hang in MPI_Init.
 
-A segment is *stale* when it is owned by this user and no live process maps
-it or holds it open (``/proc/*/maps`` and ``/proc/*/fd``). Removing stale ones
-cannot touch a running job.
+A segment is *stale* when its name is an MPI library's (:data:`PREFIXES`), it
+is owned by this user and no live process maps it or holds it open
+(``/proc/*/maps`` and ``/proc/*/fd``). Removing stale ones cannot touch a
+running job, nor another program's files.
 
     python -m ringmpi shm                 # list the stale segments
     python -m ringmpi shm --remove        # remove them
@@ -32,12 +33,15 @@ from . import prog
 __all__ = ["in_use", "main", "names", "remove_new", "stale", "swept"]
 
 SHM = Path("/dev/shm")
+# How the MPI libraries name their segments: MPICH's, Open MPI's (its sm and
+# older vader transports) and Intel MPI's.
+PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.", "shm-col-space-", "Intel_MPI_")
 
 
 def names(shm: Path = SHM) -> set[str]:
-    """The files in ``shm`` now (none where it does not exist)."""
+    """The MPI segments in ``shm`` now (none where it does not exist)."""
     try:
-        return {p.name for p in shm.iterdir() if p.is_file()}
+        return {p.name for p in shm.iterdir() if p.name.startswith(PREFIXES) and p.is_file()}
     except OSError:
         return set()
 

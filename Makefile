@@ -5,7 +5,7 @@
 #                       ranks, then mpi4py's own collective tests on wrapped communicators)
 #   make test-torch     PyTorch from PyPI, then the DDP hook's tests (ringmpi.torch)
 #   make bench          the README's table and plot: auto against each MPI family's own call
-#   make lint           ruff check and format check
+#   make lint           ruff check and format check, mypy over the package
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
 #   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
 #   make simulate       SimGrid, built from source, for python -m ringmpi scaling --simulate
@@ -146,6 +146,7 @@ bench-one: $(VENV)/.ok-run
 lint: $(VENV)/.ok-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(VENV)/.ok-test
 	$(VENV)/bin/ruff format .

@@ -86,10 +86,13 @@ def Allreduce(
     if call.library:
         _library_allreduce(sendbuf, recvbuf, op, call.comm, call.timeout)
         return
-    done = _run(call.send, call.recv, call.count, call.red, call.comm, algorithm, call.validate,
+    # Not the library's: _arrays made the call, from a checked intracommunicator.
+    assert call.recv is not None and call.red is not None
+    assert isinstance(call.comm, MPI.Intracomm)
+    done = _run(call.send, call.recv, call.nitems, call.red, call.comm, algorithm, call.validate,
                 call.timeout, call.ordered)  # fmt: skip
     if done is not None:
-        _remember(given, call.send, call.recv, call.count, call.red, *done)
+        _remember(given, call.send, call.recv, call.nitems, call.red, *done)
 
 
 class _Call(NamedTuple):
@@ -101,7 +104,7 @@ class _Call(NamedTuple):
     library: bool = False
     send: np.ndarray | None = None
     recv: np.ndarray | None = None
-    count: int = 0
+    nitems: int = 0  # recv's elements the call reduces (not `count`: tuple.count)
     red: Reduction | None = None
     validate: bool = False
     ordered: bool = False
@@ -236,6 +239,7 @@ def Iallreduce(
         call = call._replace(library=True)
     if call.library:
         return MPI.Comm.Iallreduce(call.comm, sendbuf, recvbuf, op)
+    assert isinstance(call.comm, MPI.Intracomm)  # not the library's: a checked one
     return _progress.start(context(call.comm, call.timeout), _job(call, algorithm))
 
 
@@ -254,6 +258,7 @@ def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then) -> None:
             then(None)
         return
     job = _job(call, "auto", lambda done: then(done.error))
+    assert isinstance(call.comm, MPI.Intracomm)  # not the library's: a checked one
     _progress.start(context(call.comm, call.timeout), job, request=False)
 
 
@@ -261,7 +266,9 @@ def _job(call: _Call, algorithm: str, then=None) -> _progress.Job:
     """The progress thread's job for a checked call (it holds the arrays until done)."""
 
     def run() -> None:
-        _run(call.send, call.recv, call.count, call.red, call.comm, algorithm, call.validate,
+        assert call.recv is not None and call.red is not None  # not the library's (_arrays)
+        assert isinstance(call.comm, MPI.Intracomm)
+        _run(call.send, call.recv, call.nitems, call.red, call.comm, algorithm, call.validate,
              call.timeout, call.ordered)  # fmt: skip
 
     return _progress.Job(run, then)
@@ -301,29 +308,29 @@ class Comm(MPI.Intracomm):
     def __new__(cls, comm: MPI.Intracomm | None = None) -> Comm:
         return super().__new__(cls, check_comm(comm))
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         Allreduce(sendbuf, recvbuf, op, self)
 
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:  # type: ignore[override]
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:
         return Iallreduce(sendbuf, recvbuf, op, self)
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:  # type: ignore[override]
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         if _small_halve(sendbuf, recvbuf, op):
             return _LIBRARY_RSB(self, sendbuf, recvbuf, op)  # latency-bound: as auto would
         _halves.Reduce_scatter_block(sendbuf, recvbuf, op, self)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM) -> None:  # type: ignore[override]  # fmt: skip
+                       op: Any = MPI.SUM) -> None:  # fmt: skip
         if _small_halve(sendbuf, recvbuf, op):
             return _LIBRARY_RS(self, sendbuf, recvbuf, recvcounts, op)  # as auto would
         _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # type: ignore[override]
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         if _small_halve(MPI.IN_PLACE, recvbuf, MPI.SUM):
             return _LIBRARY_ALLGATHER(self, sendbuf, recvbuf)  # latency-bound: as auto would
         _halves.Allgather(sendbuf, recvbuf, self)
 
-    def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:  # type: ignore[override]
+    def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:
         """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and
         an op or dtype it does not reduce) through mpi4py's pickle path."""
         if isinstance(sendobj, np.ndarray) and _reduces(op, sendobj.dtype):

@@ -3,13 +3,20 @@ caches derived from communicators, emptied when one is freed or broken off."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 __all__ = ["Bounded", "changed", "derived"]
 
+
+class _Clearable(Protocol):
+    """What :func:`derived` takes: a dict, or anything else that empties on ``clear()``."""
+
+    def clear(self) -> None: ...
+
+
 K = TypeVar("K")
 V = TypeVar("V")
-D = TypeVar("D", bound=dict)
+D = TypeVar("D", bound=_Clearable)
 
 
 class Bounded(dict[K, V]):
@@ -30,7 +37,7 @@ class Bounded(dict[K, V]):
 
 # The caches of remembered calls (the API's repeat path): emptied when a
 # communicator is freed or broken off, so that a repeat need not check it.
-_derived: list[dict] = []
+_derived: list[_Clearable] = []
 
 
 def derived(cache: D) -> D:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -20,6 +21,12 @@ from ._cache import Bounded
 from ._errors import RingMPIError
 from .kernels import Reduction, decode_tag
 from .plans import Plan
+
+if TYPE_CHECKING:
+    from ._engine import _Engine
+    from ._progress import Progress
+    from .algorithms.registry import Algorithm
+    from .algorithms.tuner import Tuner
 
 __all__ = [
     "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce", "polled",
@@ -49,35 +56,38 @@ class Context:
         self.size = self.comm.Get_size()
         self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
         # auto's choice per (size, settings, ordered, half)
-        self.chosen: Bounded[tuple, object] = Bounded(_CHOICES_KEPT)
+        self.chosen: Bounded[tuple, Algorithm] = Bounded(_CHOICES_KEPT)
         self._node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         # Why this communicator can no longer be used (a call that timed out may
         # have left messages in flight), or None.
         self.broken: str | None = None
-        self.engine = None  # the step engine's requests and call shapes (ringmpi._engine)
-        self.tuner = None  # auto's tuned choices (ringmpi.algorithms.tuner)
-        self.progress = None  # the nonblocking calls' thread (ringmpi._progress)
+        # the step engine's requests and call shapes (ringmpi._engine)
+        self.engine: _Engine | None = None
+        self.tuner: Tuner | None = None  # auto's tuned choices (ringmpi.algorithms.tuner)
+        self.progress: Progress | None = None  # the nonblocking calls' thread (ringmpi._progress)
         # (algorithm, op, dtype) whose compiled loops this rank has loaded
         self.warmed: set[tuple[str, str, str]] = set()
-        self._states: dict[str, object] = {}  # algorithm name -> its state
+        # algorithm name -> its state (each algorithm's own type)
+        self._states: dict[str, Any] = {}
         # This rank's shared-memory node: it decides how to wait, and the
         # hierarchical algorithm and the CLI build on it.
-        self.node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        # (mpi4py's stub types Split_type as Comm's; an Intracomm's split is an Intracomm)
+        self.node = cast(MPI.Intracomm, self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
         self.sleepy = wait == "sleep" or (wait == "auto" and _crowded(self.node))
         # Message tags carry the (op, dtype) code below 1024 and, above it, the count
         # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self._count_mod = max(1, min(65521, tag_ub // 1024 - 1))
 
-    def state(self, algo) -> object:
+    def state(self, algo) -> Any:
         """``algo``'s state on this communicator (its ``state`` type, made on first use)."""
         found = self._states.get(algo.name)
         if found is None:
             found = self._states[algo.name] = algo.state(self)
         return found
 
-    def peek(self, name: str) -> object | None:
+    def peek(self, name: str) -> Any:
         """Algorithm ``name``'s state if it has been made, else None."""
         return self._states.get(name)
 
@@ -306,7 +316,8 @@ def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
-    ctx = comm.Get_attr(_keyval)
+    # (mpi4py's stub types attribute values as a predefined attribute's int)
+    ctx = cast("Context | None", comm.Get_attr(_keyval))
     if ctx is None:
         if timeout:
             _arrive(comm, timeout)

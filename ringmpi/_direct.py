@@ -186,6 +186,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
         id(_trace._active),
     ]
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
     builtin = _builtin(python.__name__, python.__doc__, python.__module__, holder, vectorcall)
     _state.update(holder=holder, builtin=builtin)
     _cache.derived(_Entries())
@@ -335,7 +336,9 @@ def compiled(fn: Callable[..., Any]) -> int:
     from Numba's cache)."""
     found = _made.get(fn)
     if found is None:
-        found = _made[fn] = numba.cfunc(_SIGNATURE, cache=True)(fn).address
+        address = numba.cfunc(_SIGNATURE, cache=True)(fn).address
+        assert address is not None  # numba.cfunc compiles at once: the address is set
+        found = _made[fn] = address
     return found
 
 

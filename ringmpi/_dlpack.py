@@ -69,6 +69,7 @@ def view(buf: Any) -> np.ndarray:
         capsule = buf.__dlpack__()
     versioned = _name(capsule) == b"dltensor_versioned"
     at = _get_pointer(capsule, b"dltensor_versioned" if versioned else b"dltensor")
+    managed: _Versioned | _Managed
     if versioned:
         managed = _Versioned.from_address(at)
         read_only = bool(managed.flags & _READ_ONLY)

@@ -16,7 +16,7 @@ import collections
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, overload
 
 from mpi4py import MPI
 
@@ -31,7 +31,7 @@ class Job:
     __slots__ = ("done", "error", "greq", "reported", "run", "then", "traces")
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None):
-        self.run = run
+        self.run: Callable[[], Any] | None = run
         self.then = then
         self.traces = _trace.open_here()  # a trace counts the calls started inside it
         self.error: BaseException | None = None
@@ -42,6 +42,7 @@ class Job:
     def execute(self) -> None:
         try:
             with _trace.recording_for(self.traces):
+                assert self.run is not None  # a job runs once
                 self.run()
         except BaseException as exc:
             self.error = exc
@@ -75,7 +76,7 @@ class Request(MPI.Grequest):
         self._raise(job)
         return True
 
-    def Test(self, status: MPI.Status | None = None) -> bool:  # type: ignore[override]
+    def Test(self, status: MPI.Status | None = None) -> bool:
         job = self._job
         if job is not None and not job.done.is_set():
             return False
@@ -85,10 +86,10 @@ class Request(MPI.Grequest):
         self._raise(job)
         return done
 
-    def wait(self, status: MPI.Status | None = None) -> None:  # type: ignore[override]
+    def wait(self, status: MPI.Status | None = None) -> None:
         self.Wait(status)
 
-    def test(self, status: MPI.Status | None = None) -> tuple[bool, None]:  # type: ignore[override]
+    def test(self, status: MPI.Status | None = None) -> tuple[bool, None]:
         return self.Test(status), None
 
     def _raise(self, job: Job | None) -> None:
@@ -176,6 +177,10 @@ def completed() -> MPI.Grequest:
     return greq
 
 
+@overload
+def start(ctx, job: Job, request: Literal[True] = ...) -> Request: ...
+@overload
+def start(ctx, job: Job, request: bool) -> Request | None: ...
 def start(ctx, job: Job, request: bool = True) -> Request | None:
     """Queue ``job`` on ``ctx``'s progress thread (made on first use); returns its
     request, or None when ``request`` is False (``job.then`` reports instead)."""

@@ -16,6 +16,7 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 __all__ = ["Settings", "configure", "configured", "current", "parse_seconds", "using"]
 
@@ -37,7 +38,7 @@ def _switch(value: object) -> bool:
     return bool(value)
 
 
-def _count(value: object, says: str) -> int | None:
+def _count(value: Any, says: str) -> int | None:
     """A whole number >= 1, or None (unset, empty, None)."""
     if value is None or value == "":
         return None
@@ -86,7 +87,7 @@ def _tuner(value: object, says: str) -> str:
     return text if text else "auto"
 
 
-def _days(value: object, says: str) -> float:
+def _days(value: Any, says: str) -> float:
     if value is None or value == "":
         return 30.0
     try:
@@ -167,8 +168,9 @@ def configure(**changes: object) -> Settings:
     segment_bytes=1 << 20)``; a value of None restores the default. Values are
     checked as the environment's are (strings are parsed); returns the new
     settings. Every rank should make the same changes."""
-    _now[0] = current().changed(**_defaulted(changes))
-    return _now[0]
+    new = current().changed(**_defaulted(changes))
+    _now[0] = new
+    return new
 
 
 def _defaulted(changes: Mapping[str, object]) -> dict[str, object]:

@@ -41,10 +41,11 @@ def node_window(node: MPI.Intracomm, capacity: int) -> tuple[MPI.Win, np.ndarray
     win = MPI.Win.Allocate_shared(capacity, 1, comm=node)
     win.Lock_all(MPI.MODE_NOCHECK)
     base, _ = win.Shared_query(0)
-    first = np.frombuffer(base, np.uint8, count=capacity)
+    # (mpi4py's stub gives MPI.buffer __buffer__ on Python 3.12+ only: ignored before)
+    first = np.frombuffer(base, np.uint8, count=capacity)  # type: ignore[call-overload, unused-ignore]
     for r in range(1, node.Get_size()):
         buf, _ = win.Shared_query(r)
-        if np.frombuffer(buf, np.uint8, count=1).ctypes.data != first.ctypes.data + r * capacity:
+        if np.frombuffer(buf, np.uint8, count=1).ctypes.data != first.ctypes.data + r * capacity:  # type: ignore[call-overload, unused-ignore]
             win.Unlock_all()
             win.Free()
             raise RuntimeError("the MPI library did not lay the shared window out contiguously")

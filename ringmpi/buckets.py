@@ -103,6 +103,7 @@ def allreduce_many(
     except (TypeError, ValueError) as exc:
         problem = exc
     _agree(comm, waits, plan, problem)
+    assert plan is not None  # _agree raised unless every rank made its plan
     for bucket in plan.buckets:
         work = bucket.work
         if work is None:  # a large array, reduced where it is
@@ -111,10 +112,12 @@ def allreduce_many(
                       timeout=timeout, reproducible=ordered)  # fmt: skip
             continue
         for index, packed in bucket.members:
+            assert packed is not None  # a packed bucket's members are views of it
             np.copyto(packed, views[index])
         Allreduce(MPI.IN_PLACE, work, op, comm, algorithm=algorithm, timeout=timeout,
                   reproducible=ordered)  # fmt: skip
         for index, packed in bucket.members:
+            assert packed is not None
             np.copyto(views[index], packed)
 
 
@@ -178,7 +181,8 @@ def _make_plan(
         # Packed buckets as (start, stop, members) in elements of one pack buffer,
         # which is then allocated once, as large as the largest bucket.
         packed: list[tuple[int, list[tuple[int, int]]]] = []
-        size, current = 0, []
+        size = 0
+        current: list[tuple[int, int]] = []
         for i in members:
             n = views[i].size
             if n == 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
@@ -30,6 +31,9 @@ from ._ops import (
     OP_SUM,
 )
 
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
 __all__ = [
     "AVG",
     "DTYPES",
@@ -45,7 +49,7 @@ __all__ = [
 HALF_OPS = ("sum", "avg", "max", "min")  # the ops the half types take
 
 
-def as_dtype(dtype: object) -> np.dtype:
+def as_dtype(dtype: DTypeLike) -> np.dtype:
     """``np.dtype(dtype)``, where the name ``"bfloat16"`` imports ml_dtypes first
     (which registers it with NumPy; ringmpi imports it only when asked for)."""
     if isinstance(dtype, np.dtype):
@@ -59,12 +63,12 @@ def as_dtype(dtype: object) -> np.dtype:
 
 # --- the op and dtype tables -------------------------------------------------
 
-_INTEGERS = tuple(
+_INTEGERS: tuple[np.dtype, ...] = tuple(
     np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 )
-_FLOATS = (np.dtype("float32"), np.dtype("float64"))
-_COMPLEX = (np.dtype("complex64"), np.dtype("complex128"))
-_BOOL = (np.dtype("bool"),)
+_FLOATS: tuple[np.dtype, ...] = (np.dtype("float32"), np.dtype("float64"))
+_COMPLEX: tuple[np.dtype, ...] = (np.dtype("complex64"), np.dtype("complex128"))
+_BOOL: tuple[np.dtype, ...] = (np.dtype("bool"),)
 
 DTYPES: tuple[np.dtype, ...] = _INTEGERS + _FLOATS + _COMPLEX + _BOOL
 

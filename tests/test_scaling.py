@@ -152,3 +152,18 @@ def test_check_refuses_uneven_nodes():
            "rows": [{"algorithm": "ring", "size": 8, "time_us": 10.0}]}  # fmt: skip
     with pytest.raises(ValueError, match="uneven"):
         scaling.check([run], FAB)
+
+
+def test_a_tuning_file_gives_the_node_constants(tmp_path, capsys):
+    import dataclasses
+    import json
+
+    from ringmpi.tools import scaling
+
+    given = {f.name: getattr(tuning.DEFAULTS, f.name) for f in dataclasses.fields(tuning.Costs)
+             if f.name != "extra"}  # fmt: skip
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"costs": given}))
+    assert scaling.main(["--tuning", str(path), "--nodes", "8", "-b", "8", "-e", "8"]) == 0
+    out = capsys.readouterr().out
+    assert f"in-node: {path}" in out and "8 x 8" in out

@@ -66,7 +66,7 @@ __all__ = [
 
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
-           reproducible: bool = False) -> Algorithm:  # fmt: skip
+           reproducible: bool = False) -> Algorithm | Trial:  # fmt: skip
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks
@@ -91,8 +91,8 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
         return check(get(name), ordered, red, "algorithm")
     settings = _settings.current()
     if settings.algorithm != "auto":
-        found = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
-        return check(found, ordered, red, "RINGMPI_ALGORITHM")
+        forced = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
+        return check(forced, ordered, red, "RINGMPI_ALGORITHM")
     library = library_agrees(red)
     key = (nbytes, settings, ordered, half, library)
     found = ctx.chosen.get(key)

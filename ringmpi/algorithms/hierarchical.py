@@ -66,6 +66,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import numba
 import numpy as np
@@ -154,7 +155,12 @@ def layout(ctx: Context, settings: Settings | None = None, timeout: float = 0.0)
     comm = ctx.comm
     rank, size = ctx.rank, ctx.size
     # Emulated nodes of k ranks are cut out of the real ones (their ranks share memory).
-    node = ctx.node if k is None else ctx.node.Split(virtual_node(rank, size, k, placement), rank)
+    # (mpi4py's stub types Split as Comm's: an Intracomm's split is an Intracomm.)
+    node = (
+        ctx.node
+        if k is None
+        else cast(MPI.Intracomm, ctx.node.Split(virtual_node(rank, size, k, placement), rank))
+    )
     local_rank, local_size = node.Get_rank(), node.Get_size()
     leader = node.bcast(rank, root=0)  # names the node: its lowest rank
     nodes = comm.allreduce(1 if local_rank == 0 else 0)
@@ -164,7 +170,7 @@ def layout(ctx: Context, settings: Settings | None = None, timeout: float = 0.0)
     members: dict[int, list[int]] = {}
     for j in range(slices):
         mine = j in owned
-        rail = comm.Split(0 if mine else MPI.UNDEFINED, leader)
+        rail = cast(MPI.Intracomm, comm.Split(0 if mine else MPI.UNDEFINED, leader))
         if mine:
             rails[j] = Context(rail)
             members[j] = rail.allgather(rank)
@@ -207,6 +213,9 @@ class _Window:
     segments as it needs (see :func:`_node_passes`). Reused across calls, grown when
     a call needs more.
     """
+
+    flat: np.ndarray | None  # the whole window; None once freed
+    flags: np.ndarray | None  # the ranks' barrier flags; None once freed
 
     def __init__(self, node: MPI.Intracomm, sleepy: bool, capacity: int) -> None:
         self.capacity = capacity
@@ -494,10 +503,10 @@ def hierarchical_allreduce(
 def _node_phase(passes: tuple, phase: int, name: str) -> None:
     """One phase through the node's window, its time recorded when traced."""
     if not _trace._active:
-        _run_passes(*passes, phase)
+        _run_passes(*(*passes, phase))
         return
     started = time.monotonic_ns()
-    _run_passes(*passes, phase)
+    _run_passes(*(*passes, phase))
     work = passes[0]
     _trace.record_span("hierarchical", name, 0, started, time.monotonic_ns(),
                        nbytes=work.nbytes, shared=True)  # fmt: skip
@@ -655,7 +664,9 @@ def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, floa
     t = {"node_call": 1.0, "node_step": float(steps), "node_byte": n if per_node > 1 else 0.0}
     if nodes > 1:
         slice_bytes = n / per_node
-        across = get(across_nodes(slice_bytes, nodes, per_node)).terms(slice_bytes, nodes)
+        plan_terms = get(across_nodes(slice_bytes, nodes, per_node)).terms
+        assert plan_terms is not None  # every plan across nodes has its cost model
+        across = plan_terms(slice_bytes, nodes)
         t.update({k: v for k, v in across.items() if k != "call"})
     return t
 
@@ -682,7 +693,9 @@ def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
 
     def seconds(name: str) -> float:
         with tuning.pricing_with(costs):
-            t = get(name).terms(nbytes, nodes)
+            plan_terms = get(name).terms
+            assert plan_terms is not None  # every plan across nodes has its cost model
+            t = plan_terms(nbytes, nodes)
         return sum(getattr(costs, k) * v for k, v in t.items() if k != "call")
 
     return min(ACROSS, key=seconds)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -36,8 +36,15 @@ AlgorithmFn = Callable[..., None]
 STALE = _direct.STALE
 # (nranks, rank, count, itemsize) -> this rank's plan (pure)
 PlanFn = Callable[[int, int, int, int], Plan]
-# (n bytes, p ranks, M nodes, largest node's ranks) -> {model constant: how many of it}
-TermsFn = Callable[[float, int, int, int], dict[str, float]]
+
+
+class TermsFn(Protocol):
+    """(n bytes, p ranks, M nodes, largest node's ranks) -> {model constant: how many of
+    it}; called with n and p alone for one node (nodes and per_node default to 1)."""
+
+    def __call__(
+        self, n: float, p: int, nodes: int = 1, per_node: int = 1, /
+    ) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)

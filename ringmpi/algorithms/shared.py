@@ -380,8 +380,11 @@ class _Node:
     """The communicator's window (per local rank a header and two sets of SET_BYTES),
     allocated by the first call, and each call shape's fixed numbers."""
 
+    flat: np.ndarray | None  # the whole window (open); None once freed
+    flags: np.ndarray | None  # the window as int64 cells (open); None once freed
+
     def __init__(self, ctx: Context) -> None:
-        self.win = None
+        self.win: MPI.Win | None = None
         self.calls: dict[tuple[int, float], tuple] = {}  # (tag, timeout) -> _shape's
         self.direct: dict[tuple[int, float, int], tuple] = {}  # (tag, timeout, count) -> direct's
 

@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -100,6 +101,7 @@ def _disagree(algorithm: str, field: str, validate: bool, timeout: float) -> dic
     rows = WORLD.gather((what, intact, took), root=0)
     if WORLD.rank != 0:
         return {}
+    assert rows is not None  # the root's list
     kinds = [r[0] for r in rows]
     return {
         "returned": kinds.count("returned"),
@@ -173,7 +175,8 @@ def overhead(rounds: int, calls: int) -> None:
 def interleaved(rounds: int) -> None:
     """Two communicators (a duplicate of WORLD and a split of it in halves), called in
     turn; every result checked."""
-    halves = WORLD.Split(WORLD.rank % 2, WORLD.rank)
+    # (mpi4py's stub types Split as Comm's: an Intracomm's split is an Intracomm)
+    halves = cast(MPI.Intracomm, WORLD.Split(WORLD.rank % 2, WORLD.rank))
     both = WORLD.Dup()
     wrong = 0
     for i in range(rounds):
@@ -286,7 +289,8 @@ def bad_input() -> None:
             np.zeros(4, "datetime64[s]")),
         "a half type with an algorithm that would round it per step (float16, rabenseifner)": (
             lambda: ringmpi.allreduce(np.ones(4, np.float16), algorithm="rabenseifner")),
-        "not an intracommunicator": lambda: ringmpi.allreduce(f8, comm="world"),
+        # (a str on purpose: the error for it is what is checked)
+        "not an intracommunicator": lambda: ringmpi.allreduce(f8, comm="world"),  # type: ignore[arg-type]
         "an unknown algorithm": lambda: ringmpi.allreduce(f8, algorithm="tree"),
         "a negative timeout": lambda: ringmpi.allreduce(f8, timeout=-1),
         "reproducible=True with an algorithm that cannot keep the order": lambda: (

@@ -112,6 +112,7 @@ def _rows(name: str, nranks: int, nodes: int, per_node: int, nbytes: int, costs:
     if name == "ring" and nranks > RING_MAX_RANKS:
         return None
     build = algorithms.get(name).plan
+    assert build is not None, f"{name} has no plan to replay"
     call = costs.call
     return [(call, _table(build(nranks, r, count, _ITEMSIZE), None), 0.0) for r in range(nranks)]
 

@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'method':<24} {'collectives':>11} {'median ms':>10} {'min ms':>8} "
               f"{'vs MPI each':>11} {'#wrong':>7}")  # fmt: skip
         for r in rows:
-            w = "-" if r["wrong"] is None else r["wrong"]
+            shown = "-" if r["wrong"] is None else r["wrong"]
             print(f"{r['method']:<24} {r['collectives']:>11} {r['median_ms']:>10.3f} "
-                  f"{r['min_ms']:>8.3f} {r['vs_mpi_each']:>10.2f}x {w:>7}")  # fmt: skip
+                  f"{r['min_ms']:>8.3f} {r['vs_mpi_each']:>10.2f}x {shown:>7}")  # fmt: skip
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": size, "arrays": args.arrays, "bytes": total,

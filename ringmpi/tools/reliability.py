@@ -85,8 +85,7 @@ def mpirun() -> list[str]:
     exe = str(here) if here.exists() else shutil.which("mpirun")
     if exe is None:
         raise FileNotFoundError("no mpirun beside the interpreter or on PATH")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
-    version = version.stdout
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False).stdout
     if "Open MPI" in version or "OpenRTE" in version:
         return [exe, "--allow-run-as-root", "--oversubscribe"]
     return [exe]

@@ -36,6 +36,7 @@ import datetime
 import json
 import math
 import sys
+from typing import Any
 
 from ringmpi import algorithms, tuning
 
@@ -111,7 +112,7 @@ def predict_grid(
             for a in ALGORITHMS:
                 t = predict(costs, a, n, m, per_node, shared_nic)
                 row[a] = {"seconds": t, "busbw": busbw(n, p, t)}
-            row["best"] = min(ALGORITHMS, key=lambda a, r=row: r[a]["seconds"])
+            row["best"] = min(ALGORITHMS, key=lambda a: row[a]["seconds"])
             rows.append(row)
     return rows
 
@@ -148,7 +149,7 @@ def simulate_grid(fabric: Fabric = FABRIC, node: tuning.Costs | None = None, nod
             for a in ALGORITHMS:
                 row[a] = {"simulated": got[a, n],
                           "predicted": predict(costs, a, n, m, per_node, shared_nic)}  # fmt: skip
-            pick = min(ALGORITHMS, key=lambda a, r=row: r[a]["predicted"])
+            pick = min(ALGORITHMS, key=lambda a: row[a]["predicted"])
             bound = lower_bound(n, p, fabric)
             row["auto"] = {"algorithm": pick, "predicted": row[pick]["predicted"],
                            "simulated": row[pick]["simulated"], "bound": bound}  # fmt: skip
@@ -435,6 +436,7 @@ def pingpong(path: str, minbytes: int, maxbytes: int, rounds: int, argv: list[st
     hosts = comm.gather(MPI.Get_processor_name(), root=0)
     if rank:
         return FABRIC
+    measured: list[dict[str, Any]]
     measured = [{"bytes": n, "seconds": float(np.median(t)), "low": float(np.min(t)),
                  "high": float(np.max(t)), "rounds": len(t)} for n, t in times.items()]  # fmt: skip
     fabric = fit_fabric([(m["bytes"], m["seconds"]) for m in measured])
@@ -461,8 +463,9 @@ def _node_costs(path: str | None) -> tuning.Costs | None:
         return None
     with open(path) as fh:
         given = json.load(fh)["costs"]
-    return tuning.Costs(**{f.name: float(given.get(f.name, getattr(tuning.DEFAULTS, f.name)))
-                           for f in dataclasses.fields(tuning.Costs)})  # fmt: skip
+    own = {f.name: float(given.get(f.name, getattr(tuning.DEFAULTS, f.name)))
+           for f in dataclasses.fields(tuning.Costs) if f.name != "extra"}  # fmt: skip
+    return tuning.Costs(**own)  # type: ignore[arg-type]  # (mypy: all float fields)
 
 
 def _fabric(args: argparse.Namespace) -> Fabric:

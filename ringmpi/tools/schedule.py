@@ -104,7 +104,7 @@ def simulate_hierarchical(
     contribution counted once."""
     layout = hierarchical_plan(nranks, per_node, placement)
     bounds = chunk_bounds(count, layout.nslices)
-    cost = HierarchicalCost(*([0] * nranks for _ in range(4)))
+    cost = HierarchicalCost([0] * nranks, [0] * nranks, [0] * nranks, [0] * nranks)
     for node in layout.nodes:
         for local, r in enumerate(node):
             owned = owned_slices(local, len(node), layout.nslices)

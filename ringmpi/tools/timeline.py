@@ -154,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     zero = time.monotonic_ns()
     with ringmpi.trace() as t:
         ringmpi.Allreduce(MPI.IN_PLACE, x, comm=comm, algorithm=args.algorithm)
-    wrong = int(np.count_nonzero(x != comm.Get_size()))
+    mine_wrong = int(np.count_nonzero(x != comm.Get_size()))
     mine = [dict(s.__dict__, start=s.start - zero, end=s.end - zero) for s in t.spans]
     spans = comm.gather(mine, root=0)
-    wrong = comm.reduce(wrong, op=MPI.SUM, root=0)
+    wrong = comm.reduce(mine_wrong, op=MPI.SUM, root=0)
     if comm.Get_rank() != 0:
         return 0
     assert spans is not None

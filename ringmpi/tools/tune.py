@@ -27,6 +27,7 @@ from ringmpi import algorithms, tuning
 from ringmpi._comm import context
 from ringmpi._errors import abort_on_error
 from ringmpi.algorithms.hierarchical import layout
+from ringmpi.algorithms.registry import TermsFn
 from ringmpi.kernels import reduction
 
 from . import prog
@@ -96,17 +97,25 @@ def _solve(rows: list[tuple[dict[str, float], float, float]], names: tuple[str, 
         active.pop(int(np.argmin(x)))
 
 
+def _terms(name: str) -> TermsFn:
+    """Algorithm ``name``'s cost-model terms (every algorithm fitted here has them)."""
+    terms = algorithms.get(name).terms
+    assert terms is not None, name
+    return terms
+
+
 def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs:
     """The constants that best predict ``measured`` (see the module docstring)."""
-    engine = [(algorithms.get(m["algorithm"]).terms(m["bytes"], p), m["seconds"], 0.0)
+    engine = [(_terms(m["algorithm"])(m["bytes"], p), m["seconds"], 0.0)
               for m in measured if m["algorithm"] in _ENGINE]  # fmt: skip
     first = _solve(engine, _ENGINE_TERMS)
-    partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})
+    # (first's keys are _ENGINE_TERMS, float fields all: none is Costs.extra)
+    partial = tuning.Costs(**first, **{k: 0.0 for k in _NODE_TERMS + _SHM_TERMS})  # type: ignore[arg-type]
     # hierarchical: the node phase over what its plan across nodes costs
     node_rows = []
     for m in measured:
         if m["algorithm"] == "hierarchical":
-            t = algorithms.get("hierarchical").terms(m["bytes"], p, nodes, per_node)
+            t = _terms("hierarchical")(m["bytes"], p, nodes, per_node)
             across = algorithms.predict(partial, "hierarchical", m["bytes"], p, nodes, per_node)
             node_rows.append(({k: t.get(k, 0.0) for k in _NODE_TERMS}, m["seconds"], across))
     second = _solve(node_rows, _NODE_TERMS) if node_rows else {}
@@ -114,7 +123,7 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
     shm_rows = []
     for m in measured:
         if m["algorithm"] == "shared_memory":
-            t = algorithms.get("shared_memory").terms(m["bytes"], p)
+            t = _terms("shared_memory")(m["bytes"], p)
             shm_rows.append(({k: t[k] for k in _SHM_TERMS}, m["seconds"], first["call"]))
     third = _solve(shm_rows, _SHM_TERMS) if shm_rows else {}
     shm = {k: third.get(k, getattr(tuning.DEFAULTS, k)) for k in _SHM_TERMS}

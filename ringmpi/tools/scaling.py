@@ -337,14 +337,15 @@ def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None
     sizes = sorted({r["bytes"] for r in rows})
     panels = len(sizes) + 1 + (1 if checked else 0)
     cols = 3
-    fig, axes = plt.subplots(-(-panels // cols), cols, figsize=(5 * cols, 3.8 * -(-panels // cols)))
+    nrows = -(-panels // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(8, 2.6 * nrows))  # 800 px wide
     axes = list(axes.flat)
     style = {"ring": "C0o-", "hierarchical": "C1s-", "recursive_doubling": "C2^-"}
     for ax, n in zip(axes, sizes, strict=False):
         sub = [r for r in rows if r["bytes"] == n]
         for a in ALGORITHMS:
             ax.loglog([r["ranks"] for r in sub], [r[a]["seconds"] for r in sub], style[a], label=a)
-        ax.set_title(f"{format_size(n, long=True)}: predicted time")
+        ax.set_title(f"{format_size(n, long=True)}: predicted time", fontsize=9)
         ax.set_xlabel("ranks (8 per node)")
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)
@@ -353,11 +354,11 @@ def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None
     for a in ALGORITHMS:
         ax.semilogx([r["ranks"] for r in big], [r[a]["busbw"] / 1e9 for r in big], style[a],
                     label=a)  # fmt: skip
-    ax.set_title(f"{format_size(sizes[-1], long=True)}: predicted busbw")
+    ax.set_title(f"{format_size(sizes[-1], long=True)}: predicted busbw", fontsize=9)
     ax.set_xlabel("ranks (8 per node)")
     ax.set_ylabel("GB/s")
     ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7, loc="upper left")
     if checked:
         ax = axes[len(sizes) + 1]
         marks = {"ring": "C0o", "hierarchical": "C1s", "recursive_doubling": "C2^"}
@@ -368,19 +369,24 @@ def plot(rows: list[dict], path: str, fabric: Fabric, checked: list[dict] | None
         lo = min(min(r["predicted"], r["measured"]) for r in checked)
         hi = max(max(r["predicted"], r["measured"]) for r in checked)
         ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="measured = predicted")
-        ax.set_title("every measured point against the model")
+        ax.set_title("measured against the model", fontsize=9)
         ax.set_xlabel("predicted seconds")
         ax.set_ylabel("measured seconds")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[:panels]:
+        ax.tick_params(labelsize=7)
+        ax.xaxis.label.set_size(8)
+        ax.yaxis.label.set_size(8)
     for ax in axes[panels:]:
         ax.set_visible(False)
     fig.suptitle(
         f"ringmpi cost model: fabric alpha {fabric.alpha * 1e6:.3g} us, "
-        f"beta {fabric.beta * 1e9:.3g} ns/B ({1 / fabric.beta / 1e9:.3g} GB/s)"
+        f"beta {fabric.beta * 1e9:.3g} ns/B ({1 / fabric.beta / 1e9:.3g} GB/s)",
+        fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

@@ -6,6 +6,7 @@
 #   make test-torch     PyTorch from PyPI, then the DDP hook's tests (ringmpi.torch)
 #   make bench          the README's table and plot: auto against each MPI family's own call
 #   make lint           ruff check and format check, mypy over the package
+#   make docs           the documentation site with its API reference (mkdocs, strict)
 #   make test-slurm     jobs/ submitted to a one-node Slurm started here (slurm-up, slurm-down)
 #   make test-hosts     hierarchical across hosts made of network namespaces (hosts-up, hosts-down)
 #   make simulate       SimGrid, built from source, for python -m ringmpi scaling --simulate
@@ -45,7 +46,7 @@ else
 MPIRUN := $(VENV)/bin/mpirun
 endif
 
-.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench bench-one lint format venv clean
+.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench bench-one lint docs format venv clean
 
 venv: $(VENV)/.ok-run
 
@@ -147,6 +148,16 @@ lint: $(VENV)/.ok-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml: docs/ and the API reference from the docstrings),
+# built into build/site; strict, so that a warning (a broken link, a missing anchor or
+# picture, a docstring it cannot read) fails the build.
+docs: $(VENV)/.ok-docs
+	$(VENV)/bin/mkdocs build --strict
+
+$(VENV)/.ok-docs: $(VENV)/.ok-run
+	$(PY) -m pip install --quiet -e '.[$(MPI),docs]'
+	touch $@
 
 format: $(VENV)/.ok-test
 	$(VENV)/bin/ruff format .

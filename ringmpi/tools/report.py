@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import prog
@@ -56,6 +56,7 @@ class Line:
     commit: str
     source: str  # the file
     library: str = "-"  # the MPI library the run used, as it names itself
+    order: int = 0  # the file's place among those given
 
     @property
     def layout(self) -> str:
@@ -133,6 +134,10 @@ def versus(lines: list[Line]) -> tuple[list[str], dict[int, dict[str, tuple]]]:
             table.setdefault(size, {})[library] = (base.time_us, auto.time_us, choice)
     if not table:
         raise ValueError("--versus needs files with both auto and mpi4py (or mpi) rows")
+    first = {}  # each library in the order of the files given
+    for line in lines:
+        first.setdefault(line.library, line.order)
+    libraries.sort(key=lambda lib: first[lib])
     return libraries, dict(sorted(table.items()))
 
 
@@ -197,7 +202,7 @@ def plot_versus(libraries: list[str], table: dict[int, dict[str, tuple]], path: 
 
 def merge(paths: list[str | Path]) -> list[Line]:
     """Every row of every file, sorted by size, algorithm, ranks, nodes and run."""
-    lines = [line for p in paths for line in _lines(Path(p))]
+    lines = [replace(line, order=i) for i, p in enumerate(paths) for line in _lines(Path(p))]
     return sorted(lines, key=lambda x: (x.size, x.algorithm, x.ranks, x.nodes, x.run))
 
 

@@ -255,6 +255,17 @@ def mpi_reference(
     return out
 
 
+def _complex_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a * b by the textbook formula, every multiply and add rounded on its own, as
+    ringmpi's kernels and NumPy's scalar path compute it. NumPy's array loop fuses
+    them (FMA) on CPUs that have it, so its last bit depends on the machine."""
+    a, b = np.asarray(a), np.asarray(b)
+    out = np.empty(np.broadcast(a, b).shape, a.dtype)
+    out.real = a.real * b.real - a.imag * b.imag
+    out.imag = a.real * b.imag + a.imag * b.real
+    return out
+
+
 def rank_order_fold(op: str, stack: list[np.ndarray]) -> np.ndarray:
     """NumPy's left fold of the ranks' inputs in rank order, ((x0 op x1) op x2) ...;
     AVG then divides each real component once. One rank's result is its input, as in
@@ -265,8 +276,9 @@ def rank_order_fold(op: str, stack: list[np.ndarray]) -> np.ndarray:
         logical = {"land": np.logical_and, "lor": np.logical_or, "lxor": np.logical_xor}[op]
         total = functools.reduce(logical, [s != 0 for s in stack])
         return np.array(total).astype(stack[0].dtype)
+    ufunc = _complex_product if op == "prod" and stack[0].dtype.kind == "c" else UFUNC[op]
     with np.errstate(all="ignore"):  # inf - inf, integers that wrap: as the ranks compute
-        total = np.array(functools.reduce(UFUNC[op], stack))  # 0-d: an array, not a scalar
+        total = np.array(functools.reduce(ufunc, stack))  # 0-d: an array, not a scalar
     if op == "avg":
         lanes = _lanes(total)
         lanes /= lanes.dtype.type(len(stack))

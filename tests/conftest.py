@@ -9,6 +9,7 @@ same test and no rank runs ahead into the next collective.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -25,30 +26,28 @@ LOGS = Path(__file__).parent / ".logs"
 os.environ.setdefault("RINGMPI_TUNER", "off")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _no_stale_segments_left():
-    """What the per-test sweep could not take yet (a killed job's rank still
-    exiting when its test ended) is removed when the session ends."""
+def _swept(linger: float):
+    """Remove, as the block ends, the MPI segments that appeared in /dev/shm during
+    it and no live process uses (under --with-mpi the ranks' own are in use)."""
     if "--with-mpi" in sys.argv:
-        yield
-        return
+        return contextlib.nullcontext()
     from ringmpi.tools import shm
 
-    with shm.swept(linger=5.0):
-        yield
+    return shm.swept(linger=linger)
 
 
 @pytest.fixture(autouse=True)
 def _no_stale_segments():
-    """A job a test starts (and maybe kills) must not leave MPI's shared-memory
-    segments in /dev/shm: those that appeared during the test and no live process
-    uses are removed after it. Under --with-mpi the ranks' own are in use."""
-    if "--with-mpi" in sys.argv:
+    """A job a test starts (and maybe kills) must not leave its segments behind."""
+    with _swept(linger=1.0):
         yield
-        return
-    from ringmpi.tools import shm
 
-    with shm.swept(linger=1.0):
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_stale_segments_left():
+    """What the per-test sweep could not take yet (a killed job's rank still
+    exiting when its test ended) goes when the session ends."""
+    with _swept(linger=5.0):
         yield
 
 

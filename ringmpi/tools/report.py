@@ -134,7 +134,7 @@ def versus(lines: list[Line]) -> tuple[list[str], dict[int, dict[str, tuple]]]:
             table.setdefault(size, {})[library] = (base.time_us, auto.time_us, choice)
     if not table:
         raise ValueError("--versus needs files with both auto and mpi4py (or mpi) rows")
-    first = {}  # each library in the order of the files given
+    first: dict[str, int] = {}  # each library in the order of the files given
     for line in lines:
         first.setdefault(line.library, line.order)
     libraries.sort(key=lambda lib: first[lib])

@@ -480,7 +480,8 @@ def run(
         into, source = red.lanes(into), red.lanes(source)
     engine = ctx.engine
     traced = bool(_trace._active)
-    shape.state[_TIMED] = traced
+    if traced:  # the rows time themselves for this call only
+        shape.state[_TIMED] = 1
     _execute(into, source, plan.table, shape.scratch, shape.divisor, shape.state,
              engine.requests, engine.status)  # fmt: skip
     failed = report.item(-CELLS) != OK

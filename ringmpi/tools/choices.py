@@ -48,8 +48,8 @@ def choices(layouts: list[tuple[int, int]], sizes: list[int]) -> dict[tuple[int,
     for nodes, per_node in layouts:
         costs = tuning.load(per_node)
         p = nodes * per_node
-        pool = [a for a in algorithms.records()
-                if a.auto and a.terms is not None and (nodes == 1 or not a.one_node)]  # fmt: skip
+        pool = [a for a in map(algorithms.get, algorithms.candidates())
+                if nodes == 1 or not a.one_node]  # fmt: skip
         row = []
         for n in sizes:
             name = tuning.choose(costs, n, p, nodes, per_node, pool).name

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import subprocess
 import sys
 
@@ -65,3 +67,31 @@ def test_the_command_lists_removes_and_checks(tmp_path, capsys):
     assert shm.names(tmp_path) == set()
     assert shm.main(["--dir", str(tmp_path)]) == 0
     assert "no stale segment" in capsys.readouterr().out
+
+
+def test_own_leaves_aside_only_this_process(tmp_path):
+    # a singleton's segment at its end: mapped by this process alone
+    (tmp_path / "sm_segment.vm.0.1.0").write_bytes(b"\0" * 4096)
+    with open(tmp_path / "sm_segment.vm.0.1.0", "r+b") as f:
+        mapped = mmap.mmap(f.fileno(), 4096)
+    try:
+        assert shm.stale(tmp_path) == []
+        assert shm.stale(tmp_path, but=os.getpid()) == ["sm_segment.vm.0.1.0"]
+        with shm.swept(tmp_path, linger=0.0) as kept:
+            (tmp_path / "sm_segment.vm.0.2.0").write_bytes(b"\0" * 4096)
+            with open(tmp_path / "sm_segment.vm.0.2.0", "r+b") as f:
+                second = mmap.mmap(f.fileno(), 4096)
+        assert kept == [] and shm.names(tmp_path) == {"sm_segment.vm.0.1.0", "sm_segment.vm.0.2.0"}
+        with shm.swept(tmp_path, linger=0.0, own=True) as gone:
+            (tmp_path / "sm_segment.vm.0.3.0").write_bytes(b"\0" * 4096)
+            with open(tmp_path / "sm_segment.vm.0.3.0", "r+b") as f:
+                third = mmap.mmap(f.fileno(), 4096)
+        # only what appeared in the block goes; the mapping itself stays valid
+        assert gone == ["sm_segment.vm.0.3.0"]
+        assert shm.names(tmp_path) == {"sm_segment.vm.0.1.0", "sm_segment.vm.0.2.0"}
+        third[0] = 7
+        assert third[0] == 7
+        second.close()
+        third.close()
+    finally:
+        mapped.close()

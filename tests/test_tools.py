@@ -61,6 +61,38 @@ def test_help_imports_no_tool():
     assert p.stdout.splitlines()[-1] == "[]"
 
 
+OFFLINE = ("schedule", "choices", "shm", "report", "reliability", "kernels")
+
+
+@pytest.mark.parametrize(("argv", "started"), [
+    (["schedule", "4"], False),  # run as the program: MPI loaded, not started
+    (["kernels", "--warm"], False),
+    (["allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"], True),  # it communicates
+])  # fmt: skip
+def test_a_command_that_does_not_communicate_does_not_start_mpi(argv, started):
+    code = ("import sys\nfrom ringmpi.tools import main\n"
+            f"sys.argv = ['ringmpi', *{argv!r}]\nassert main() == 0\n"
+            "from mpi4py import MPI\nprint(MPI.Is_initialized())")  # fmt: skip
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == str(started)
+
+
+def test_called_in_process_a_command_leaves_mpi_as_it_would_be():
+    # a caller's own program goes on to communicate: main(argv) changes nothing
+    code = ("from ringmpi.tools import main\nassert main(['schedule', '4']) == 0\n"
+            "from mpi4py import MPI\nprint(MPI.Is_initialized(), MPI.COMM_WORLD.Get_size())")  # fmt: skip
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[-1] == "True 1"
+
+
+def test_the_offline_commands_are_those_that_do_not_communicate():
+    from ringmpi.tools import _registry
+
+    assert sorted(_registry._offline) == sorted(OFFLINE)
+
+
 def test_a_tool_is_its_module():
     from ringmpi.tools import reliability, report
 

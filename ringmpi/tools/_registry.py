@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Callable
 from types import ModuleType
 
@@ -18,11 +19,21 @@ __all__ = ["main", "prog"]
 
 _Command = Callable[[list[str]], int]
 _registry: dict[str, _Command] = {}
+_offline: set[str] = set()
 
 
 def _register(command: _Command) -> _Command:
     _registry[command.__name__] = command
     return command
+
+
+def _register_offline(command: _Command) -> _Command:
+    """Register a command that does not communicate. Run as the program, it loads
+    the MPI library (the compiled loops link against it) but does not start MPI:
+    it needs no launcher, and leaves nothing in /dev/shm (Open MPI 5 leaves the
+    segment of a process that started MPI without one)."""
+    _offline.add(command.__name__)
+    return _register(command)
 
 
 def prog(command: str) -> str:
@@ -52,7 +63,7 @@ def allgather(argv: list[str]) -> int:
     return _tool("halves").main(argv, "allgather")
 
 
-@_register
+@_register_offline
 def schedule(argv: list[str]) -> int:
     """Print the ring's step table and counted cost, or the hierarchical plan."""
     return _tool("schedule").main(argv)
@@ -70,7 +81,7 @@ def scaling(argv: list[str]) -> int:
     return _tool("scaling").main(argv)
 
 
-@_register
+@_register_offline
 def choices(argv: list[str]) -> int:
     """Print (and draw) auto's cost-model pick by buffer size and layout."""
     return _tool("choices").main(argv)
@@ -82,19 +93,19 @@ def trace(argv: list[str]) -> int:
     return _tool("timeline").main(argv)
 
 
-@_register
+@_register_offline
 def shm(argv: list[str]) -> int:
     """List or remove stale MPI shared-memory segments in /dev/shm."""
     return _tool("shm").main(argv)
 
 
-@_register
+@_register_offline
 def report(argv: list[str]) -> int:
     """Merge allreduce --json results into one table (and a plot)."""
     return _tool("report").main(argv)
 
 
-@_register
+@_register_offline
 def reliability(argv: list[str]) -> int:
     """Run the fault and stress cases under mpirun; print docs/reliability.md's tables."""
     return _tool("reliability").main(argv)
@@ -106,7 +117,7 @@ def buckets(argv: list[str]) -> int:
     return _tool("buckets").main(argv)
 
 
-@_register
+@_register_offline
 def kernels(argv: list[str]) -> int:
     """Warm Numba's cache for every (op, dtype), or benchmark the kernels."""
     return _tool("kernels").main(argv)
@@ -133,4 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="[args]",
                         help="the command's arguments")  # fmt: skip
     args = parser.parse_args(argv)
+    if argv is None and args.command in _offline and "mpi4py.MPI" not in sys.modules:
+        import mpi4py  # noqa: PLC0415 (listing the commands imports no MPI)
+
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
     return _registry[args.command](args.args)

@@ -46,13 +46,14 @@ def names(shm: Path = SHM) -> set[str]:
         return set()
 
 
-def in_use(shm: Path = SHM) -> set[str]:
+def in_use(shm: Path = SHM, but: int | None = None) -> set[str]:
     """The names of the files in ``shm`` that a live process maps or holds open
-    (of the processes this user may inspect: all of them as root)."""
+    (of the processes this user may inspect: all of them as root), process ``but``
+    (a PID) aside."""
     prefix = str(shm) + "/"
     used: set[str] = set()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == but:
             continue
         with contextlib.suppress(OSError):
             for line in (proc / "maps").read_text().splitlines():
@@ -68,9 +69,9 @@ def in_use(shm: Path = SHM) -> set[str]:
     return used
 
 
-def stale(shm: Path = SHM, among: set[str] | None = None) -> list[str]:
+def stale(shm: Path = SHM, among: set[str] | None = None, but: int | None = None) -> list[str]:
     """The segments in ``shm`` (or those of ``among``) owned by this user that no
-    live process uses, sorted."""
+    live process uses (process ``but`` aside), sorted."""
     uid = os.getuid()
     candidates = names(shm) if among is None else among & names(shm)
     if not candidates:
@@ -80,14 +81,14 @@ def stale(shm: Path = SHM, among: set[str] | None = None) -> list[str]:
         with contextlib.suppress(OSError):
             if (shm / name).stat().st_uid == uid:
                 owned.add(name)
-    return sorted(owned - in_use(shm))
+    return sorted(owned - in_use(shm, but))
 
 
-def remove_new(before: set[str], shm: Path = SHM) -> list[str]:
+def remove_new(before: set[str], shm: Path = SHM, but: int | None = None) -> list[str]:
     """Remove the stale segments that appeared since ``before`` (a :func:`names`
-    snapshot); return their names."""
+    snapshot; process ``but`` aside); return their names."""
     gone = []
-    for name in stale(shm, names(shm) - before):
+    for name in stale(shm, names(shm) - before, but):
         with contextlib.suppress(FileNotFoundError):
             (shm / name).unlink()
             gone.append(name)
@@ -95,11 +96,17 @@ def remove_new(before: set[str], shm: Path = SHM) -> list[str]:
 
 
 @contextlib.contextmanager
-def swept(shm: Path = SHM, linger: float = 3.0) -> Iterator[list[str]]:
+def swept(shm: Path = SHM, linger: float = 3.0, own: bool = False) -> Iterator[list[str]]:
     """Around a job that may be killed: afterwards, remove the stale segments it
     left (those that appeared in the block and no process uses), waiting up to
     ``linger`` seconds for ranks that outlive their launcher to let go. The
-    list it yields holds their names once the block ends."""
+    list it yields holds their names once the block ends.
+
+    ``own``: this process's own use does not count. For the end of a process
+    that started MPI without a launcher (a singleton), just before MPI_Finalize:
+    Open MPI 5 leaves such a process's ``sm_segment.*`` behind, as it leaves
+    the removal to a launcher's PMIx server that a singleton does not have."""
+    but = os.getpid() if own else None
     before = names(shm)
     gone: list[str] = []
     try:
@@ -107,7 +114,7 @@ def swept(shm: Path = SHM, linger: float = 3.0) -> Iterator[list[str]]:
     finally:
         end = time.monotonic() + linger
         while True:
-            gone.extend(remove_new(before, shm))
+            gone.extend(remove_new(before, shm, but))
             if not names(shm) - before or time.monotonic() >= end:
                 break
             time.sleep(0.1)

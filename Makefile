@@ -3,6 +3,9 @@
 #   make run            venv + ringmpi with the embedded MPICH, then the default sweep at 4 ranks
 #   make test           the same plus the test extras, then the whole suite (MPI-free, then 1-5
 #                       ranks, then mpi4py's own collective tests on wrapped communicators)
+#   make test-family    what depends on the MPI family, for a second one (MPI=openmpi, MPI=impi):
+#                       the tests that start MPI themselves, 2 and 3 ranks, 8 for the hierarchical
+#                       layouts, mpi4py's collective tests at 2 and 3
 #   make test-torch     PyTorch from PyPI, then the DDP hook's tests (ringmpi.torch)
 #   make bench          the README's table and plot: auto against each MPI family's own call
 #   make lint           ruff check and format check, mypy over the package
@@ -46,7 +49,7 @@ else
 MPIRUN := $(VENV)/bin/mpirun
 endif
 
-.PHONY: run test test-unit test-mpi test-mpi4py test-torch bench bench-one lint docs format venv clean
+.PHONY: run test test-family test-unit test-mpi test-mpi4py test-torch bench bench-one lint docs format venv clean
 
 venv: $(VENV)/.ok-run
 
@@ -65,15 +68,27 @@ run: $(VENV)/.ok-run
 
 test: test-unit test-mpi test-mpi4py
 
+# The suite's family-dependent part (CI runs it under Open MPI and Intel MPI after the whole
+# suite under MPICH): the MPI-free tests marked family (they start mpirun, or call MPI in
+# the test's own process), the MPI suite at 2 and 3 ranks, the hierarchical layouts at 8,
+# mpi4py's tests at 2 and 3.
+FAMILY_RANKS ?= 2 3
+FAMILY_HIER_RANKS ?= 8
+
+test-family:
+	@$(MAKE) --no-print-directory test UNIT_MARK="family and not mpi" RANKS="$(FAMILY_RANKS)" \
+	  HIER_RANKS="$(FAMILY_HIER_RANKS)" MPI4PY_RANKS="$(FAMILY_RANKS)"
+
 # MPI-free: schedule, kernels (this also fills Numba's cache for every op and dtype),
 # the CLI and error paths that start mpirun themselves.
 # Each part ends by checking that /dev/shm holds no stale segment it did not hold before.
 SHM_BEFORE = tests/.logs/shm-before-$@.json
+UNIT_MARK ?= not mpi
 
 test-unit: $(VENV)/.ok-test
 	@mkdir -p tests/.logs && $(PY) -m ringmpi shm --snapshot $(SHM_BEFORE)
 	$(PY) -m ringmpi kernels --warm
-	$(PY) -m pytest tests -m "not mpi"
+	$(PY) -m pytest tests -m "$(UNIT_MARK)"
 	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 
 # The MPI suite at 1-5 ranks (odd and non-power-of-two counts give uneven chunks), then

@@ -43,14 +43,19 @@ def _no_stale_segments():
         yield
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _no_stale_segments_left():
+_session_sweep = contextlib.ExitStack()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
     """What the per-test sweep could not take yet (a killed job's rank still
     exiting when its test ended) goes when the session ends; so does this
-    process's own, where a test started MPI here without mpirun (Open MPI 5
-    leaves a singleton's segment behind)."""
-    with _swept(linger=5.0, own=True):
-        yield
+    process's own segment, where it started MPI without mpirun (Open MPI 5
+    leaves a singleton's behind). From before collection, which may start MPI."""
+    _session_sweep.enter_context(_swept(linger=5.0, own=True))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _session_sweep.close()
 
 
 @pytest.hookimpl(trylast=True)

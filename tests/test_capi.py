@@ -5,9 +5,12 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from ringmpi import _capi
+
+pytestmark = pytest.mark.family  # the family's handles and status layout
 
 
 def test_handles_are_signed_64_bit_values_of_mpi4py_handles():

@@ -43,6 +43,7 @@ def ring_bytes_ratio(nranks: int, count: int) -> float:
     return most / count
 
 
+@pytest.mark.family  # it starts mpirun
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 def test_sweep_verifies_and_counts(tmp_path, nranks):
     out = tmp_path / "r.json"
@@ -70,6 +71,7 @@ def test_sweep_verifies_and_counts(tmp_path, nranks):
         assert r["busbw_GBs"] == pytest.approx(r["algbw_GBs"] * factor)
 
 
+@pytest.mark.family  # it starts mpirun
 def test_auto_other_types_and_ops(tmp_path):
     out = tmp_path / "r.json"
     p = run(3, "-d", "float64", "-o", "max", "-a", "auto,ring,mpi", "-b", "24", "-e", "24K",
@@ -85,6 +87,7 @@ def test_auto_other_types_and_ops(tmp_path):
     assert rows[4]["bytes_per_rank"] == pytest.approx(4 / 3)
 
 
+@pytest.mark.family  # it starts mpirun
 def test_all_runs_every_algorithm_and_plots(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     p = run(2, "-a", "all", "-b", "8", "-e", "64K", "-f", "8192", "-n", "2", "-w", "0",
@@ -107,6 +110,7 @@ def test_all_runs_every_algorithm_and_plots(tmp_path):
     assert f"# plot written to {png}" in p.stdout
 
 
+@pytest.mark.family  # it starts mpirun
 def test_a_tuning_file_from_tune_drives_auto(tmp_path):
     tuned = tmp_path / "t.json"
     cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi", "tune", "-b", "8", "-e", "64K", "-f", "64",
@@ -129,6 +133,7 @@ def test_a_tuning_file_from_tune_drives_auto(tmp_path):
     assert row["algorithm"] == f"auto({auto_choice(costs, 8, 2, 1, 2)})" and row["wrong"] == 0
 
 
+@pytest.mark.family  # it starts mpirun
 def test_the_dispatcher_runs_the_same_benchmark():
     cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi", "allreduce", "-b", "1K", "-e", "1K",
            "-n", "1", "-w", "0", "-a", "ring"]  # fmt: skip
@@ -138,6 +143,7 @@ def test_the_dispatcher_runs_the_same_benchmark():
     assert "# ranks 2, nodes 1" in p.stdout and "# wrong elements in total: 0" in p.stdout
 
 
+@pytest.mark.family  # it starts mpirun
 def test_unchecked_run_reports_no_wrong_count():
     p = run(2, "-c", "0", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0")
     assert p.returncode == 0, p.stderr
@@ -148,7 +154,8 @@ def test_unchecked_run_reports_no_wrong_count():
     ("args", "message"),
     [
         (["-o", "max", "-d", "complex64"], "MPI.MAX is not defined for dtype complex64"),
-        (["-a", "ring,bogus"], "unknown name 'bogus'"),
+        # it starts mpirun: one case under every family
+        pytest.param(["-a", "ring,bogus"], "unknown name 'bogus'", marks=pytest.mark.family),
         (["-o", "mean"], "unknown name 'mean'"),
         (["-e", "lots"], "not a size"),
         (["-a", "ring:cached"], "only hierarchical takes a variant"),
@@ -164,12 +171,14 @@ def test_bad_arguments_end_the_job(args, message):
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.family  # it starts mpirun
 def test_a_bad_tuning_file_ends_the_job_before_it_starts(tmp_path):
     p = run(2, "-b", "8", "-e", "8", env={"RINGMPI_TUNING": str(tmp_path / "none.json")})
     assert p.returncode == 2
     assert "RINGMPI_TUNING: cannot read" in p.stderr and "none.json" in p.stderr
 
 
+@pytest.mark.family  # it starts mpirun
 def test_an_exception_on_one_rank_aborts_the_whole_job():
     # MPMD: rank 0 gets a bad RINGMPI_ALGORITHM and raises inside the sweep, while
     # rank 1 is already waiting in the collective; the job must end, not hang.
@@ -183,6 +192,7 @@ def test_an_exception_on_one_rank_aborts_the_whole_job():
     assert time.monotonic() - t0 < 60
 
 
+@pytest.mark.family  # MPI in this process
 def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
     # One process (N = 1, no mpirun): make the reference disagree with the result in
     # the first element of its period, and the CLI must count it and fail.
@@ -203,6 +213,7 @@ def test_wrong_results_give_a_nonzero_exit(monkeypatch, capsys):
     assert "# wrong elements in total: 2" in out
 
 
+@pytest.mark.family  # it starts mpirun
 @pytest.mark.parametrize("placement", ["block", "cyclic"])
 def test_hierarchical_rows_count_inter_node_traffic(tmp_path, placement):
     # 4 ranks as 2 emulated nodes of 2: each rank rings half the buffer with one peer,
@@ -223,6 +234,7 @@ def test_hierarchical_rows_count_inter_node_traffic(tmp_path, placement):
         assert hier[key] > 0 and hier[key] == ring[key]
 
 
+@pytest.mark.family  # it starts mpirun
 def test_both_ways_of_storing_in_one_launch(tmp_path):
     # hierarchical:WAY rows run with RINGMPI_WINDOW_STORES set for their calls only;
     # 2 MiB at 4 ranks in nodes of 2 takes the cached, the streaming and (auto) the
@@ -250,6 +262,7 @@ def test_both_ways_of_storing_in_one_launch(tmp_path):
     assert f"#   {rows[2]['window']}" in p.stdout
 
 
+@pytest.mark.family  # it starts mpirun
 def test_bad_node_settings_end_the_job():
     p = run(2, "--ranks-per-node", "0", timeout=120)
     assert p.returncode == 2
@@ -272,6 +285,7 @@ if MPI.COMM_WORLD.Get_rank() == 0:
 """
 
 
+@pytest.mark.family  # it starts mpirun
 def test_iallreduce_without_thread_multiple_falls_back_with_a_warning():
     cmd = [*_mpirun(), "-n", "2", PY, "-c", _NO_THREADS]
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "MPI4PY_RC_THREAD_LEVEL": "serialized"}
@@ -280,6 +294,7 @@ def test_iallreduce_without_thread_multiple_falls_back_with_a_warning():
     assert out.stdout.strip().splitlines()[-1:] == [want], out.stdout + out.stderr
 
 
+@pytest.mark.family  # it starts mpirun
 @pytest.mark.parametrize("command", ["reduce_scatter", "allgather"])
 def test_the_halves_benchmark_verifies_and_counts(command):
     cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi", command, "-b", "8", "-e", "256K", "-f",

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from test_cli import _mpirun
 
+pytestmark = pytest.mark.family  # the tests here start mpirun
+
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_digits.py"
 
 

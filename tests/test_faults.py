@@ -15,10 +15,14 @@ from ringmpi.tools import reliability, shm
 
 # What "a few seconds" is: the launcher tearing the job down on 2 cores.
 GRACE = 5.0
+# The three ways a job meets its MPI family (its messages, its shared windows, the
+# library's own collective): these run under every family (make test-family).
+FAMILY_CASES = ("ring", "shared_memory", "mpi")
 
 
 @pytest.mark.parametrize("fault", reliability.FAULTS)
-@pytest.mark.parametrize("case", reliability.ALGORITHMS)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.family) if c in FAMILY_CASES
+                                  else c for c in reliability.ALGORITHMS])  # fmt: skip
 def test_fault_ends_the_job_and_names_the_rank(case, fault):
     before = shm.names()
     o = reliability.launch(case, fault)

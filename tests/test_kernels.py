@@ -22,6 +22,8 @@ from ringmpi._ops import combine_by_code, divide_by
 from ringmpi.kernels import _OPS, DTYPES, decode_tag, op_from_name, reduction
 from ringmpi.verify import PERIOD, count_wrong, verify_expected, verify_inputs
 
+pytestmark = pytest.mark.family  # the family's ops and datatypes map to the kernels
+
 PAIRS = [(spec, dt) for spec in _OPS for dt in spec.dtypes]
 IDS = [f"{spec.name}-{dt.name}" for spec, dt in PAIRS]
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from test_cli import _mpirun
 
+pytestmark = pytest.mark.family  # the tests here start mpirun
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 

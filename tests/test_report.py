@@ -12,6 +12,8 @@ import pytest
 
 from ringmpi.tools import reliability, report
 
+pytestmark = pytest.mark.family  # the tests here start mpirun
+
 PY = sys.executable
 SWEEP = ["-b", "8", "-e", "4K", "-f", "64", "-n", "2", "-w", "0"]
 

@@ -93,6 +93,7 @@ def test_markdown_table(capsys):
     assert all(line.count("|") == lines[0].count("|") for line in lines)
 
 
+@pytest.mark.family
 def test_plot_or_a_clear_error(tmp_path, capsys):
     out = tmp_path / "s.png"
     try:
@@ -119,6 +120,7 @@ def measured(tmp_path_factory):
     return out
 
 
+@pytest.mark.family
 def test_check_compares_every_modelled_row(measured, capsys):
     run = json.loads(measured.read_text())
     checked = scaling.check([run], FAB)

@@ -13,6 +13,8 @@ import pytest
 
 from ringmpi.tools import reliability, timeline
 
+pytestmark = pytest.mark.family  # the tests here start mpirun
+
 PY = sys.executable
 
 

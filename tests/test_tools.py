@@ -64,6 +64,7 @@ def test_help_imports_no_tool():
 OFFLINE = ("schedule", "choices", "shm", "report", "reliability", "kernels")
 
 
+@pytest.mark.family  # a singleton of the family's MPI
 @pytest.mark.parametrize(("argv", "started"), [
     (["schedule", "4"], False),  # run as the program: MPI loaded, not started
     (["kernels", "--warm"], False),

@@ -14,7 +14,7 @@ communicator's ranks must be the process group's, in the same order
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -59,7 +59,7 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
         if error is None:
             future.set_result(tensor)
         else:
-            future.set_exception(error)
+            future.set_exception(cast(Any, error))  # torch types its argument as the result's
 
     _api.start(tensor, AVG, comm, then)
     return future

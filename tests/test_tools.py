@@ -61,12 +61,11 @@ def test_help_imports_no_tool():
     assert p.stdout.splitlines()[-1] == "[]"
 
 
-OFFLINE = ("schedule", "choices", "shm", "report", "reliability", "kernels")
-
-
 @pytest.mark.family  # a singleton of the family's MPI
 @pytest.mark.parametrize(("argv", "started"), [
     (["schedule", "4"], False),  # run as the program: MPI loaded, not started
+    (["choices"], False),
+    (["shm"], False),
     (["kernels", "--warm"], False),
     (["allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"], True),  # it communicates
 ])  # fmt: skip
@@ -86,12 +85,6 @@ def test_called_in_process_a_command_leaves_mpi_as_it_would_be():
     p = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "True 1"
-
-
-def test_the_offline_commands_are_those_that_do_not_communicate():
-    from ringmpi.tools import _registry
-
-    assert sorted(_registry._offline) == sorted(OFFLINE)
 
 
 def test_a_tool_is_its_module():

@@ -10,6 +10,7 @@ anything runs.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ringmpi import algorithms, tuning
@@ -19,14 +20,20 @@ __all__ = ["check", "draw"]
 _SMALL = 64 << 10  # the latency panel's largest size
 
 
-def check() -> None:
-    """ValueError naming the missing package, before any communication."""
+def check(path: str = "") -> None:
+    """ValueError naming the missing package, or a file type matplotlib does not
+    write, before any communication."""
     try:
-        import matplotlib  # noqa: F401, PLC0415
+        from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415
     except ImportError:
         raise ValueError(
             "--plot needs matplotlib: pip install 'ringmpi[plot]' (or matplotlib)"
         ) from None
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    kind = os.path.splitext(path)[1][1:].lower()
+    if kind and kind not in kinds:
+        raise ValueError(f"--plot {path}: matplotlib writes no .{kind} file "
+                         f"(it writes {', '.join(sorted(kinds))})")  # fmt: skip
 
 
 def _base(label: str) -> str:

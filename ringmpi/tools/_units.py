@@ -1,11 +1,13 @@
-"""Sizes in bytes as the tools read and print them: 8, 64K, 1M, 16M."""
+"""Sizes in bytes as the tools read and print them: 8, 64K, 1M, 16M; and the sweep
+of sizes that ``-b``, ``-e`` and ``-f`` give."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["format_size", "parse_size", "sweep", "whole"]
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -25,3 +27,41 @@ def format_size(nbytes: int, long: bool = False) -> str:
         if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
             return f"{nbytes >> shift} {unit}iB" if long else f"{nbytes >> shift}{unit}"
     return f"{int(nbytes)} B" if long else str(nbytes)
+
+
+def whole(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (argparse names the flag)."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if number < least:
+            raise argparse.ArgumentTypeError(f"must be {least} or more, not {number}")
+        return number
+
+    parse.__name__ = "whole number"  # argparse's name for the type in its messages
+    return parse
+
+
+def sweep(first: int, last: int, factor: int) -> list[int]:
+    """The sizes of ``-b first -e last -f factor``: ``first``, times ``factor`` while
+    it is at most ``last``. ValueError naming the flags where that is no size at all,
+    or a sweep that would never end."""
+    if first < 1:
+        raise ValueError(f"-b/--minbytes must be 1 or more bytes, not {first}")
+    if last < first:
+        raise ValueError(
+            f"-b/--minbytes {format_size(first)} is larger than -e/--maxbytes "
+            f"{format_size(last)}: no size to run"
+        )
+    if factor < 2 and last > first:
+        raise ValueError(
+            f"-f/--stepfactor {factor} never gets from -b/--minbytes to -e/--maxbytes: "
+            "give 2 or more (or one size, -b equal to -e)"
+        )
+    sizes = [first]
+    while sizes[-1] * factor <= last and factor > 1:
+        sizes.append(sizes[-1] * factor)
+    return sizes

@@ -7,15 +7,21 @@ slowest rank's median), algbw = bytes / time, busbw = algbw * 2(N-1)/N, the
 number of wrong elements summed over ranks, and the bytes and steps this
 rank's sends really took, from :func:`ringmpi.trace`. Algorithms are timed
 interleaved (call k of each before call k+1 of any), so they see the same
-machine.
+machine, and every row's call is the same positional ``ringmpi.Allreduce(send,
+recv, op, comm)``: a named algorithm is selected by the settings snapshot its
+calls run under (set outside the timed region), as auto's repeat path serves it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import textwrap
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +30,17 @@ import numpy as np
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _settings, _trace, algorithms, tuning
+from ringmpi import _direct, _settings, _trace, algorithms, tuning
 from ringmpi._comm import Context, context, sleepy_barrier
 from ringmpi._copy import copy
 from ringmpi._errors import abort_on_error
+from ringmpi.algorithms import tuner
 from ringmpi.algorithms.hierarchical import layout, window_choice
 from ringmpi.kernels import AVG, OPS, op_from_name, reduction
 from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _plot, prog
-from ._units import parse_size
+from ._units import format_size, parse_size, sweep, whole
 
 __all__ = ["main"]
 
@@ -45,9 +52,10 @@ def _parser(name: str) -> argparse.ArgumentParser:
     )
     p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=parse_size, default=16 * 2**20, help="largest (16M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
-    p.add_argument("-n", "--iters", type=int, default=10, help="timed calls per size (10)")
-    p.add_argument("-w", "--warmup", type=int, default=2, help="untimed calls first (2)")
+    p.add_argument("-f", "--stepfactor", type=whole(1), default=8,
+                   help="size multiplier, 2 or more (1: one size, -b equal to -e) (8)")  # fmt: skip
+    p.add_argument("-n", "--iters", type=whole(1), default=10, help="timed calls per size (10)")
+    p.add_argument("-w", "--warmup", type=whole(0), default=2, help="untimed calls first (2)")
     p.add_argument(
         "--budget", type=float, default=0.5,
         help="seconds per size and algorithm: fewer calls when one is slow; 0: always -n (0.5)",
@@ -104,37 +112,114 @@ def _names(text: str) -> list[str]:
     return names
 
 
-def _variant(name: str) -> tuple[str, _settings.Settings | None]:
-    """An ``-a`` entry: an algorithm, and for ``hierarchical:WAY`` the settings with
-    that way of storing to the node's window, so that both ways run in one launch."""
+@dataclass
+class _Entry:
+    """One ``-a`` entry and the settings snapshot its calls run under."""
+
+    name: str  # as given: auto, ring, hierarchical:cached, mpi4py
+    base: str  # the registry's name (auto, ring, hierarchical), or RAW
+    # Made once: the API's repeat paths know a remembered call by this very object.
+    settings: _settings.Settings
+
+
+def _entry(name: str, now: _settings.Settings) -> _Entry:
+    """An ``-a`` entry. A named algorithm is chosen by the ``algorithm`` setting, so
+    that its calls are auto's positional call, which the C repeat path serves; for
+    ``hierarchical:WAY`` the settings also store to the node's window that way, so
+    that both ways run in one launch."""
     if name == RAW:
-        return RAW, None
+        return _Entry(name, RAW, now)
     base, _, way = name.partition(":")
     algorithms.lookup(base)
-    if not way:
-        return base, None
-    if base != "hierarchical" or way not in _settings.STORES:
+    if way and (base != "hierarchical" or way not in _settings.STORES):
         raise ValueError(
             f"algorithm: {name!r}: only hierarchical takes a variant after ':', "
             f"one of {', '.join(_settings.STORES)}"
         )
-    return base, _settings.current().changed(window_stores=way)
+    if base == "auto":
+        return _Entry(name, base, now)
+    changes = {"algorithm": base, **({"window_stores": way} if way else {})}
+    return _Entry(name, base, now.changed(**changes))
 
 
-def _allreduce(send, recv, op, comm, variant: tuple[str, _settings.Settings | None]) -> None:
-    """One call of an ``-a`` entry, under its own settings if it has them."""
-    name, settings = variant
-    if name == RAW:
-        comm.Allreduce(send, recv, op)
-        return
-    if settings is None:  # as a program would call it
-        if name == "auto":  # the default: no keyword, which the C repeat path takes
-            ringmpi.Allreduce(send, recv, op, comm)
-        else:
-            ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
-        return
-    with _settings.using(settings):
-        ringmpi.Allreduce(send, recv, op, comm, algorithm=name)
+def _cannot(entry: _Entry, red: Any, op: Any, ordered: bool, where: str) -> str | None:
+    """Why ``entry`` cannot run this reduction, said after ``where``; or None."""
+    if entry.base == RAW:
+        if red.half:
+            return (f"{where}: {RAW} (MPI's own Allreduce) cannot reduce {red.describe()} "
+                    "with one rounding")  # fmt: skip
+        if op is AVG:
+            return f"{where}: {RAW} (MPI's own Allreduce) has no AVG; use mpi"
+        return None
+    if entry.base == "auto":
+        return None
+    try:
+        algorithms.check(algorithms.get(entry.base), ordered, red, where)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _views(array: np.ndarray, n: int) -> list[np.ndarray]:
+    """``n`` views of ``array``, one per row. The API remembers a call by its recvbuf
+    object, and its C repeat path keeps one call per slot of a table indexed by that
+    object's address (ringmpi._direct): rows that shared an object, or a slot, would
+    evict each other's call at every call and time the slower path."""
+    views: list[np.ndarray] = []
+    taken: set[int] = set()
+    spare = []  # held until the views are chosen, so that no address comes again
+    while len(views) < n:
+        view = array.view()
+        slot = (id(view) >> 4) & (_direct._SLOTS - 1)
+        (spare if slot in taken else views).append(view)
+        taken.add(slot)
+    return views
+
+
+def _caller(entry: _Entry, send: np.ndarray, recv: np.ndarray, op: Any,
+            comm: MPI.Intracomm) -> Callable[[], None]:  # fmt: skip
+    """One call of ``entry``: the same positional call for every ringmpi row, and
+    mpi4py's own for RAW's."""
+    if entry.base == RAW:
+        raw = comm.Allreduce
+        return lambda: raw(send, recv, op)
+    allreduce = ringmpi.Allreduce
+    return lambda: allreduce(send, recv, op, comm)
+
+
+def _timed(ctx: Context, entry: _Entry, call: Callable[[], None]) -> float:
+    """One call after a barrier, under its entry's settings (set outside the timed
+    region): its seconds."""
+    with _settings.using(entry.settings):
+        ctx.barrier()
+        t0 = time.perf_counter()
+        call()
+        return time.perf_counter() - t0
+
+
+class _Ticker:
+    """On rank 0, a line every ``every`` seconds while long work runs, so that a
+    compile or a large size shows that it goes on."""
+
+    def __init__(self, what: str, on: bool, every: float = 10.0) -> None:
+        self.what, self.on, self.every = what, on, every
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, daemon=True)
+
+    def __enter__(self) -> _Ticker:
+        if self.on:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.on:
+            self.thread.join()
+
+    def _tick(self) -> None:
+        t0 = time.monotonic()
+        while not self.done.wait(self.every):
+            print(f"#   ... {self.what}: {time.monotonic() - t0:.0f} s so far", flush=True)
 
 
 def _warm(ctx: Context, red: Any) -> float:
@@ -148,16 +233,58 @@ def _warm(ctx: Context, red: Any) -> float:
     return ctx.comm.allreduce(took if first else 0.0, op=MPI.MAX)
 
 
-def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:
-    comm = ctx.comm
-    nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
+def _cores(ctx: Context) -> dict:
+    """The busiest node (most ranks per core): its ranks, its cores online, and the
+    cores its ranks may run on (the union of their affinities), collectively."""
+    online = os.sysconf("SC_NPROCESSORS_ONLN")
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(online)
+    usable = len(set().union(*ctx.node.allgather(sorted(mine))))
+    ranks = ctx.node.Get_size()
+    mine = (ranks / usable, ranks, online, usable) if ctx.node.Get_rank() == 0 else None
+    _, ranks, online, usable = max(n for n in ctx.comm.allgather(mine) if n is not None)
+    return {"node_ranks": ranks, "node_cores_online": online, "node_cores_usable": usable,
+            "oversubscribed": ranks > usable}  # fmt: skip
+
+
+def _age(seconds: float) -> str:
+    for unit, length in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _auto_source(settings: _settings.Settings) -> tuple[str, dict]:
+    """Where auto's choices come from, as the header says it and as JSON."""
+    path = tuner.cache_file(settings)
+    existed = path is not None and os.path.exists(path)
+    age = time.time() - os.path.getmtime(path) if path is not None and existed else None
+    if settings.algorithm != "auto":
+        said = f"RINGMPI_ALGORITHM={settings.algorithm}, at every size"
+    elif settings.tuner == "off":
+        said = "the cost model alone (RINGMPI_TUNER=off)"
+    elif path is None:
+        said = "tuned in this run, kept in memory only (RINGMPI_TUNER=memory)"
+    elif age is not None:
+        said = (f"the tuner's file {path}, last written {_age(age)} ago; a size it has no "
+                f"choice for at this layout, or one older than {settings.retune_days:g} "
+                "days, is tuned in this run (RINGMPI_TUNER=off: the cost model alone)")  # fmt: skip
+    else:
+        said = f"tuned in this run (no tuner file yet; the choices are kept in {path})"
+    if settings.tuning:
+        said += f"; the cost model's constants from {settings.tuning}"
+    return said, {"tuner": settings.tuner, "file": path, "file_existed": existed,
+                  "file_age_s": None if age is None else round(age)}  # fmt: skip
+
+
+def _header(comm: MPI.Intracomm, nodes: int, compile_s: float, args: argparse.Namespace,
+            cores: dict, auto: dict, left_out: list[str]) -> dict:  # fmt: skip
     now = _settings.current()
     per_node, placement = now.ranks_per_node, now.node_placement
-    lib = " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
     return {
         "ranks": comm.Get_size(),
         "nodes": nodes,
-        "mpi_library": lib,
+        **cores,
+        "mpi_library": _library(),
         "mpi_version": "{}.{}".format(*MPI.Get_version()),
         "mpi4py": __import__("mpi4py").__version__,
         "numba": numba.__version__,
@@ -170,17 +297,41 @@ def _header(ctx: Context, compile_s: float, args: argparse.Namespace) -> dict:
         "op": args.op,
         "iters": args.iters,
         "warmup": args.warmup,
+        "auto_choices": auto,
+        "left_out": left_out,
     }
 
 
-def _sizes(args: argparse.Namespace) -> list[int]:
-    sizes, s = [], args.minbytes
-    while s <= args.maxbytes:
-        sizes.append(s)
-        if args.stepfactor <= 1:
-            break
-        s *= args.stepfactor
-    return sizes
+def _library() -> str:
+    return " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
+
+
+def _sizes(args: argparse.Namespace, itemsize: int) -> list[tuple[int, int]]:
+    """The sweep's (elements, bytes): each size of ``-b -e -f`` (ValueError naming
+    them where they give none) in whole elements, one at least; each once."""
+    found: dict[int, int] = {}
+    for size in sweep(args.minbytes, args.maxbytes, args.stepfactor):
+        count = max(1, size // itemsize)
+        found.setdefault(count, count * itemsize)
+    return list(found.items())
+
+
+def _unwritable(args: argparse.Namespace) -> str | None:
+    """Why ``--json`` or ``--plot`` could not be written, naming the flag; None if both
+    can. Checked before the sweep, so that a typo in a path costs nothing."""
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if not path:
+            continue
+        folder = os.path.dirname(path) or "."
+        if os.path.isdir(path):
+            return f"{flag} {path}: is a folder"
+        if not os.path.isdir(folder):
+            return f"{flag} {path}: no folder {folder}"
+        if not os.access(folder, os.W_OK) or (
+            os.path.exists(path) and not os.access(path, os.W_OK)
+        ):
+            return f"{flag} {path}: not writable"
+    return None
 
 
 @dataclass
@@ -191,6 +342,7 @@ class _Run:
     wrong: int  # -1 when not checked
     traced: _trace.Trace | None  # None for the MPI baseline, whose traffic ringmpi cannot see
     iters: int
+    tuned: bool  # auto's trials ran at this size, in this run
     times: list[float] = field(default_factory=list)
 
 
@@ -223,6 +375,49 @@ def _calls(first: float, args: argparse.Namespace) -> tuple[int, int]:
     return min(args.warmup, fit - iters), iters
 
 
+def _prepare(ctx: Context, entry: _Entry, call: Callable[[], None], recv: np.ndarray,
+             nbytes: int, red: Any, op: Any, args: argparse.Namespace) -> _Run:  # fmt: skip
+    """``entry``'s first call at this size, checked and traced (its time sets how many
+    calls fit the budget), and its warm-up calls."""
+    comm = ctx.comm
+    raw = entry.base == RAW
+    with _settings.using(entry.settings):
+        ordered = entry.settings.reproducible  # as the call will see it
+        tuned = False
+        if entry.base == "auto":  # auto's tuner tries its candidates first (untimed)
+            while isinstance(algorithms.choose("auto", nbytes, ctx, red, ordered),
+                             algorithms.Trial):  # fmt: skip
+                call()
+                tuned = True
+        chosen = RAW if raw else algorithms.choose("auto", nbytes, ctx, red, ordered).name
+        ctx.barrier()
+        t0 = time.perf_counter()
+        with _trace.trace() as t:
+            call()
+        took = time.perf_counter() - t0
+    first = comm.allreduce(took, op=MPI.MAX)
+    warmup, iters = _calls(first, args)
+    wrong = count_wrong(recv, op, comm.Get_size()) if args.check else -1
+    if iters == 0:
+        # The first call also paid what is done once per communicator and size
+        # (plans, buffers; at 64 ranks on 2 cores that alone takes 0.3 s): time
+        # one more before settling on a single call.
+        took = _timed(ctx, entry, call)
+        warmup, iters = _calls(comm.allreduce(took, op=MPI.MAX), args)
+    with _settings.using(entry.settings):
+        for _ in range(warmup):
+            call()
+    return _Run(
+        label=f"auto({chosen})" if entry.base == "auto" else entry.name,
+        wrong=wrong,
+        traced=None if raw or not algorithms.get(chosen).own else t,
+        iters=max(iters, 1),
+        tuned=tuned,
+        # A call too slow for two in the budget is timed once: the last one.
+        times=[took] if iters == 0 else [],
+    )
+
+
 def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse.Namespace) -> dict:
     n = comm.Get_size()
     traced = run.traced
@@ -245,11 +440,13 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
     }  # fmt: skip
 
 
+# About 100 columns: type and op are the header's, the copy bandwidths the size's line.
 _COLUMNS = (
-    f"{'size':>11} {'count':>10} {'type':>9} {'redop':>6} {'algorithm':>24} "
-    f"{'time(us)':>10} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} "
-    f"{'iters':>5} {'copy':>7} {'stream':>7}"
+    f"{'size':>10} {'count':>10}  {'algorithm':<24} {'time(us)':>9} {'algbw':>6} {'busbw':>6} "
+    f"{'#wrong':>6} {'bytes/D':>7} {'steps':>5} {'iters':>5}"
 )
+_UNITS = f"# {'(B)':>8} {'(elements)':>10}  {'':<24} {'':>9} {'(GB/s)':>6} {'(GB/s)':>6}"
+_WIDTH = 99  # of the header's lines, wrapped
 
 
 def _format(row: dict) -> str:
@@ -257,11 +454,16 @@ def _format(row: dict) -> str:
     steps = "-" if row["steps"] is None else str(row["steps"])
     wrong = "N/A" if row["wrong"] < 0 else str(row["wrong"])
     return (
-        f"{row['size']:>11} {row['count']:>10} {row['type']:>9} {row['redop']:>6} "
-        f"{row['algorithm']:>24} {row['time_us']:>10.1f} {row['algbw_GBs']:>7.2f} "
-        f"{row['busbw_GBs']:>7.2f} {wrong:>6} {bpr:>7} {steps:>5} {row['iters']:>5} "
-        f"{row['copy_GBs']:>7.1f} {row['stream_GBs']:>7.1f}"
+        f"{row['size']:>10} {row['count']:>10}  {row['algorithm']:<24} {row['time_us']:>9.1f} "
+        f"{row['algbw_GBs']:>6.2f} {row['busbw_GBs']:>6.2f} {wrong:>6} {bpr:>7} {steps:>5} "
+        f"{row['iters']:>5}"
     )
+
+
+def _say(text: str) -> None:
+    """A header line, wrapped to about 100 columns."""
+    print(textwrap.fill(text, _WIDTH, initial_indent="# ", subsequent_indent="#   ",
+                        break_on_hyphens=False, break_long_words=False))  # fmt: skip
 
 
 def _window_note(ctx: Context, nbytes: int) -> str | None:
@@ -276,6 +478,30 @@ def _window_note(ctx: Context, nbytes: int) -> str | None:
     return f"window stores: {way} (fastest trial call: {timed})"
 
 
+def _write(args: argparse.Namespace, header: dict, rows: list[dict], drawn: tuple,
+           argv: list[str] | None, command: str) -> list[str]:  # fmt: skip
+    """Write ``--json`` and ``--plot`` (rank 0); what could not be written, by flag."""
+    failed = []
+    if args.json:
+        try:
+            with open(args.json, "w") as fh:
+                json.dump({"header": header, "rows": rows}, fh, indent=1)
+        except OSError as exc:
+            failed.append(f"--json {args.json}: {exc.strerror or exc}")
+    if args.plot:
+        try:
+            _plot.draw(rows, header, args.plot, *drawn, argv, command)
+            print(f"# plot written to {args.plot}")
+        except (OSError, ValueError) as exc:  # ValueError: a format matplotlib lacks
+            failed.append(f"--plot {args.plot}: {getattr(exc, 'strerror', None) or exc}")
+    return failed
+
+
+# The exit status when --json or --plot could not be written after the sweep (1:
+# wrong elements, 2: bad arguments, found before it).
+EXIT_OUTPUT = 3
+
+
 def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int:
     """The benchmark; ``command``: how it was typed (for usage and the plot)."""
     comm = MPI.COMM_WORLD
@@ -286,135 +512,132 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     args = parser.parse_args(argv)
     given = {"ranks_per_node": args.ranks_per_node, "node_placement": args.node_placement,
              "timeout": args.timeout}  # fmt: skip
-    rank, nranks = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
+
+    def error(message: str) -> int:
+        if rank == 0:
+            parser.print_usage(sys.stderr)
+            sys.stderr.write(f"{parser.prog}: error: {message}\n")
+        return 2
+
     # Every rank checks the same arguments the same way, so all of them stop here together.
     try:
         # The settings (RINGMPI_* read and checked), with the options given.
-        _settings.configure(**{k: v for k, v in given.items() if v is not None})
+        now = _settings.configure(**{k: v for k, v in given.items() if v is not None})
         op = op_from_name(args.op)
         red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
-        names = _names(args.algorithm)
-        variants = {name: _variant(name) for name in names}
-        if red.half:  # 16 bits on the wire and one rounding: only some algorithms can
-            takes = ("auto", *algorithms.half_algorithms())
-            if args.algorithm in (parser.get_default("algorithm"), "all"):
-                names = [n for n in names if variants[n][0] in takes]
-            for n in names:
-                if variants[n][0] not in takes:
-                    raise ValueError(
-                        f"algorithm: {n} cannot reduce {red.describe()} with one rounding "
-                        f"(algorithms that can: {', '.join(takes)})"
-                    )
-        if RAW in names and op is AVG:
-            raise ValueError(f"algorithm: {RAW} (MPI's own Allreduce) has no AVG; use mpi")
+        sizes = _sizes(args, red.dtype.itemsize)
+        if args.budget < 0:
+            raise ValueError(f"--budget must be 0 or more seconds, not {args.budget:g}")
+        entries = [_entry(name, now) for name in _names(args.algorithm)]
+        # What the default list or all hold that cannot run this reduction is left
+        # out, and said so; a name given that cannot is an error.
+        implicit = args.algorithm in (parser.get_default("algorithm"), "all")
+        ordered = now.reproducible and algorithms.order_matters(red)
+        left_out = []
+        for entry in list(entries):
+            why = _cannot(entry, red, op, ordered, "left out" if implicit else "algorithm")
+            if why is not None and not implicit:
+                raise ValueError(why)
+            if why is not None:
+                entries.remove(entry)
+                left_out.append(why)
         tuning.load()  # RINGMPI_TUNING, checked
         if args.plot:
-            _plot.check()
+            _plot.check(args.plot)
     except (TypeError, ValueError) as exc:
-        if rank == 0:
-            parser.print_usage(sys.stderr)
-            sys.stderr.write(f"{parser.prog}: error: {exc}\n")
-        return 2
+        return error(str(exc))
     # A sleepy barrier first: ranks that spin in MPI would take the CPU from ranks
     # still starting up (64 ranks on 2 cores import for tens of seconds).
     sleepy_barrier(comm)
+    unwritable = comm.bcast(_unwritable(args) if rank == 0 else None, root=0)
+    if unwritable:
+        return error(unwritable)
     ctx = context(comm)
     if "all" in args.algorithm.split(","):  # shared_memory only where it can run
-        names = [n for n in names
-                 if n not in algorithms.candidates() or n in algorithms.usable(ctx)]  # fmt: skip
-    compile_s = _warm(ctx, red)
-    header = _header(ctx, compile_s, args)
+        usable = algorithms.usable(ctx)
+        for entry in list(entries):
+            if entry.base in algorithms.candidates() and entry.base not in usable:
+                entries.remove(entry)
+                left_out.append(f"left out: {entry.name}: needs every rank on one node")
+    cores = _cores(ctx)
+    said, auto = _auto_source(now)
+    nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
     if rank == 0:
-        print(f"# ringmpi {header['ringmpi']}: all-reduce benchmark and verification")
+        print(f"# ringmpi {ringmpi.__version__}: all-reduce benchmark and verification")
         emulated = ""
-        if header["emulated_ranks_per_node"]:
-            emulated = (f" (hierarchical: emulated nodes of {header['emulated_ranks_per_node']} "
-                        f"ranks, {header['node_placement']} placement)")  # fmt: skip
-        print(f"# ranks {header['ranks']}, nodes {header['nodes']}{emulated}")
-        print(f"# MPI: {header['mpi_library']} (MPI {header['mpi_version']})")
-        print(f"# mpi4py {header['mpi4py']}, numba {header['numba']}, numpy {header['numpy']}")
+        if now.ranks_per_node:
+            emulated = (f" (hierarchical: emulated nodes of {now.ranks_per_node} "
+                        f"ranks, {now.node_placement} placement)")  # fmt: skip
+        print(f"# ranks {comm.Get_size()}, nodes {nodes}{emulated}")
+        _say(f"cores: {cores['node_cores_online']} online per node, "
+             f"{cores['node_cores_usable']} in the ranks' affinity")  # fmt: skip
+        if cores["oversubscribed"]:
+            _say(f"oversubscribed: {cores['node_ranks']} ranks share "
+                 f"{cores['node_cores_usable']} cores on a node: ranks wait for a core, "
+                 "so times are the scheduler's more than the algorithm's, and noisy")  # fmt: skip
+        print(f"# MPI: {_library()} (MPI {'{}.{}'.format(*MPI.Get_version())})")
+        print(f"# mpi4py {__import__('mpi4py').__version__}, numba {numba.__version__}, "
+              f"numpy {np.__version__}")  # fmt: skip
+        if any(e.base == "auto" for e in entries):
+            _say(f"auto's choices: {said}")
+        for why in left_out:
+            _say(why)
+        _say(f"loading the {red.describe()} kernels: the first run of a type and op on "
+             "a machine compiles them into Numba's cache (about a minute on 2 busy cores), "
+             "later runs load them ...")  # fmt: skip
+        sys.stdout.flush()
+    with _Ticker("compiling or loading the kernels", rank == 0):
+        compile_s = _warm(ctx, red)
+    header = _header(comm, nodes, compile_s, args, cores, auto, left_out)
+    if rank == 0:
         print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
               f"{header['first_call_compile_ms']} ms")  # fmt: skip
-        print(
-            f"# time: median of -n {args.iters} calls after -w {args.warmup} warm-up "
-            f"(fewer where they would pass --budget {args.budget} s; see iters), slowest rank"
-        )
-        print("# busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
-              "max over ranks")  # fmt: skip
+        _say(f"time: median of -n {args.iters} calls after -w {args.warmup} warm-up (fewer "
+             f"where they would pass --budget {args.budget} s; see iters), slowest rank; "
+             f"{red.describe()}")  # fmt: skip
+        _say("busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
+             "max over ranks")  # fmt: skip
+        _say("each size's line: copy, a NumPy copy of that size on every rank at once, read "
+             "+ write bytes summed over ranks; stream, the same with streaming (non-temporal) "
+             "stores, which do not read a line before writing it: the memory bandwidth the "
+             "shared-memory phase can reach")  # fmt: skip
         print("#" + _COLUMNS[1:])
-        print(
-            f"# {'(B)':>9} {'(elements)':>10} {'':>9} {'':>6} {'':>24} {'':>10} "
-            f"{'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'':>7} {'':>5} {'':>5} {'(GB/s)':>7} "
-            f"{'(GB/s)':>7}"
-        )
-        print(
-            "# copy: NumPy copy of the same size on every rank at once, read + write bytes, "
-            "summed over ranks; stream: the same with streaming (non-temporal) stores, which "
-            "do not read a line before writing it: the memory bandwidth the shared-memory "
-            "phase can reach"
-        )
+        print(_UNITS)
         sys.stdout.flush()
 
-    rows, total_wrong = [], 0
-    for size in _sizes(args):
-        count = max(1, size // red.dtype.itemsize)
-        nbytes = count * red.dtype.itemsize
+    rows, total_wrong, tuned = [], 0, []
+    for count, nbytes in sizes:
         send = verify_inputs(op, red.dtype, rank, count)
         recv = np.empty_like(send)
         copy_bw = _copy_bandwidth(comm, ctx, send, recv)
         stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
-        runs = {}
-        for name in names:
-            # The first call is checked and traced; its time sets how many calls fit the budget.
-            raw = name == RAW
-            ordered = _settings.current().reproducible  # as the call will see it
-            base = variants[name][0]
-            if name == "auto":  # auto's tuner tries its candidates first (untimed)
-                while isinstance(algorithms.choose(base, nbytes, ctx, red, ordered),
-                                 algorithms.Trial):  # fmt: skip
-                    _allreduce(send, recv, op, comm, variants[name])
-            chosen = RAW if raw else algorithms.choose(base, nbytes, ctx, red, ordered).name
-            ctx.barrier()
-            t0 = time.perf_counter()
-            with _trace.trace() as t:
-                _allreduce(send, recv, op, comm, variants[name])
-            took = time.perf_counter() - t0
-            first = comm.allreduce(took, op=MPI.MAX)
-            warmup, iters = _calls(first, args)
-            wrong = count_wrong(recv, op, nranks) if args.check else -1
-            if iters == 0:
-                # The first call also paid what is done once per communicator and size
-                # (plans, buffers; at 64 ranks on 2 cores that alone takes 0.3 s): time
-                # one more before settling on a single call.
-                ctx.barrier()
-                t0 = time.perf_counter()
-                _allreduce(send, recv, op, comm, variants[name])
-                took = time.perf_counter() - t0
-                warmup, iters = _calls(comm.allreduce(took, op=MPI.MAX), args)
-            runs[name] = _Run(
-                label=f"auto({chosen})" if name == "auto" else name,
-                wrong=wrong,
-                traced=None if raw or not algorithms.get(chosen).own else t,
-                iters=max(iters, 1),
-                # A call too slow for two in the budget is timed once: the last one.
-                times=[took] if iters == 0 else [],
-            )
-            for _ in range(warmup):
-                _allreduce(send, recv, op, comm, variants[name])
-        for i in range(max(run.iters for run in runs.values())):
-            # Interleaved, so that each sees the same machine, and each round starts with
-            # the next one, so that none always finds the caches as one other left them.
-            order = names[i % len(names) :] + names[: i % len(names)]
-            for name, run in ((name, runs[name]) for name in order):
-                if len(run.times) < run.iters:
-                    ctx.barrier()
-                    t0 = time.perf_counter()
-                    _allreduce(send, recv, op, comm, variants[name])
-                    run.times.append(time.perf_counter() - t0)
-        for name, run in runs.items():
+        if rank == 0:
+            print(f"# {format_size(nbytes)}: copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s",
+                  flush=True)  # fmt: skip
+        views = dict(zip((e.name for e in entries), _views(recv, len(entries)), strict=True))
+        calls = {e.name: _caller(e, send, views[e.name], op, comm) for e in entries}
+        with _Ticker(f"size {format_size(nbytes)}", rank == 0):
+            runs = {e.name: _prepare(ctx, e, calls[e.name], views[e.name], nbytes, red, op, args)
+                    for e in entries}  # fmt: skip
+            for i in range(max(run.iters for run in runs.values())):
+                # Interleaved, so that each sees the same machine, and each round starts
+                # with the next one, so that none always finds the caches as one other
+                # left them.
+                order = entries[i % len(entries) :] + entries[: i % len(entries)]
+                for entry in order:
+                    run = runs[entry.name]
+                    if len(run.times) < run.iters:
+                        run.times.append(_timed(ctx, entry, calls[entry.name]))
+        for entry in entries:
+            run = runs[entry.name]
             row = _row(comm, run, nbytes, count, args)
             row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
-            if "hierarchical" in run.label and variants[name][1] is None:
+            if entry.base == "auto":
+                row["tuned_in_this_run"] = run.tuned
+                if run.tuned:
+                    tuned.append(format_size(nbytes))
+            if "hierarchical" in run.label and ":" not in entry.name:
                 row["window"] = _window_note(ctx, nbytes)
             rows.append(row)
             total_wrong += max(row["wrong"], 0)
@@ -424,15 +647,20 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                     print(f"#   {row['window']}")
                 sys.stdout.flush()
 
+    drawn = ()
     if args.plot:  # the layout the cost model is drawn for (collective on first use)
         lay = layout(ctx)
-        nodes, per_node = lay.nodes, lay.slices
+        drawn = (lay.nodes, lay.slices)
+    failed: list[str] = []
     if rank == 0:
         print(f"# wrong elements in total: {total_wrong}")
-        if args.json:
-            with open(args.json, "w") as fh:
-                json.dump({"header": header, "rows": rows}, fh, indent=1)
-        if args.plot:
-            _plot.draw(rows, header, args.plot, nodes, per_node, argv, command)
-            print(f"# plot written to {args.plot}")
-    return 1 if total_wrong else 0
+        if tuned:
+            _say(f"auto tuned in this run at: {', '.join(tuned)}")
+        failed = _write(args, header, rows, drawn, argv, command)
+        sys.stdout.flush()
+        for why in failed:
+            sys.stderr.write(f"{parser.prog}: error: {why}\n")
+    failed = comm.bcast(failed, root=0)  # every rank exits with the same status
+    if total_wrong:
+        return 1
+    return EXIT_OUTPUT if failed else 0

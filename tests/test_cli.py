@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -311,3 +312,144 @@ def test_the_halves_benchmark_verifies_and_counts(command):
         # sends nothing; mpi4py untraced
         want = (str(int(count) * 4 // 2), "1") if algorithm == "ring" else ("0", "0")
         assert (sent, steps) == want, rows
+
+
+def _said(stdout: str) -> str:
+    """The header's lines before the column names, each wrapped line joined again."""
+    lines: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("#     size"):
+            break
+        if line.startswith("#   ") and lines:
+            lines[-1] += " " + line[4:]
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # it starts mpirun: one case under every family
+        pytest.param(["-b", "0"], "-b/--minbytes must be 1 or more", marks=pytest.mark.family),
+        (["-b", "0", "-e", "0"], "-b/--minbytes must be 1 or more bytes, not 0"),
+        (["-b", "1G"], "-b/--minbytes 1G is larger than -e/--maxbytes 16M: no size to run"),
+        (["-b", "1GB"], "-b/--minbytes 1G is larger than -e/--maxbytes 16M: no size to run"),
+        (["-b", "64M", "-e", "8"], "-b/--minbytes 64M is larger than -e/--maxbytes 8"),
+        (["-f", "0"], "argument -f/--stepfactor: must be 1 or more, not 0"),
+        (["-f", "1"], "-f/--stepfactor 1 never gets from -b/--minbytes to -e/--maxbytes"),
+        (["-n", "0"], "argument -n/--iters: must be 1 or more, not 0"),
+        (["-w", "-1"], "argument -w/--warmup: must be 0 or more, not -1"),
+        (["--budget", "-1"], "--budget must be 0 or more seconds, not -1"),
+        (["-a", "mpi", "-d", "bfloat16"], "algorithm: 'mpi' cannot reduce sum on bfloat16"),
+        (["-a", "mpi4py", "-d", "float16"], "algorithm: mpi4py (MPI's own Allreduce) cannot"),
+        (["--plot", "r.txt"], "--plot r.txt: matplotlib writes no .txt file"),
+    ],
+)
+def test_an_empty_or_endless_sweep_ends_the_job(args, message):
+    p = run(2, *args, timeout=60)  # a sweep that never ends fails here, in bounded time
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert f"python -m ringmpi.allreduce: error: {message}" in p.stderr
+    assert p.stdout == ""  # before the header: nothing ran
+
+
+@pytest.mark.family  # it starts mpirun
+def test_an_output_into_a_missing_folder_ends_the_job_before_the_sweep(tmp_path):
+    for flag, name in (("--json", "r.json"), ("--plot", "r.png")):
+        path = tmp_path / "missing" / name
+        p = run(2, flag, str(path), timeout=60)
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"error: {flag} {path}: no folder {path.parent}" in p.stderr
+        assert p.stdout == ""
+    p = run(2, "--json", str(tmp_path), timeout=60)
+    assert p.returncode == 2 and f"error: --json {tmp_path}: is a folder" in p.stderr
+
+
+@pytest.mark.family  # MPI in this process
+def test_an_output_that_fails_after_the_sweep_has_its_own_exit_status(
+    tmp_path, monkeypatch, capsys
+):
+    # One process (N = 1, no mpirun): the check before the sweep passes, then the
+    # folder is not there when the rows are written.
+    from ringmpi.tools import allreduce as cli
+
+    monkeypatch.setattr(cli, "_unwritable", lambda args: None)
+    path = tmp_path / "gone" / "r.json"
+    status = cli.main(["-b", "64", "-e", "64", "-n", "1", "-w", "0", "-a", "ring",
+                       "--json", str(path)])  # fmt: skip
+    assert status == cli.EXIT_OUTPUT == 3
+    out, err = capsys.readouterr()
+    assert "# wrong elements in total: 0" in out  # the rows stand
+    assert f"error: --json {path}: No such file or directory" in err
+
+
+@pytest.mark.family  # it starts mpirun
+def test_the_header_says_cores_and_where_autos_choices_come_from(tmp_path):
+    # Every rank on one core: 2 ranks oversubscribe it, whatever the machine.
+    online = os.sysconf("SC_NPROCESSORS_ONLN")
+    one = min(os.sched_getaffinity(0))
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi.allreduce", "-b", "8", "-e", "64",
+           "-n", "1", "-w", "0", "-a", "auto,ring"]  # fmt: skip
+    cache = tmp_path / "tuner"
+    path = cache / f"allreduce-{socket.gethostname()}.json"
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TUNER": str(cache)}
+    said = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        p = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True,
+                           timeout=240, env=env,
+                           preexec_fn=lambda: os.sched_setaffinity(0, {one}))  # fmt: skip
+        assert p.returncode == 0, p.stdout + p.stderr
+        said.append(_said(p.stdout))
+        data = json.loads(out.read_text())
+        header, rows = data["header"], data["rows"]
+        assert (header["node_ranks"], header["node_cores_online"], header["node_cores_usable"],
+                header["oversubscribed"]) == (2, online, 1, True)  # fmt: skip
+        auto = header["auto_choices"]
+        assert (auto["file"], auto["file_existed"]) == (str(path), i == 1)
+        # auto's trials run in the first launch, and its choices come from the file after
+        assert [r.get("tuned_in_this_run") for r in rows] == [i == 0, None] * 2
+    for text in said:
+        assert f"# cores: {online} online per node, 1 in the ranks' affinity" in text
+        assert "# oversubscribed: 2 ranks share 1 core on a node:" in text
+    assert f"# auto's choices: tuned in this run (no tuner file yet; the choices are kept in " \
+           f"{path})" in said[0]  # fmt: skip
+    assert re.search(rf"# auto's choices: the tuner's file {re.escape(str(path))}, last "
+                     r"written \d+ s ago;", said[1])  # fmt: skip
+    off = run(2, "-b", "8", "-e", "8", "-n", "1", "-a", "auto", env={"RINGMPI_TUNER": "off"})
+    assert "# auto's choices: the cost model alone (RINGMPI_TUNER=off)" in _said(off.stdout)
+
+
+@pytest.mark.family  # MPI in this process
+def test_every_row_makes_the_same_call(tmp_path, monkeypatch):
+    # One process (N = 1): every ringmpi row calls ringmpi.Allreduce(send, recv, op,
+    # comm), no keyword, its algorithm set by the settings around the call; each row
+    # on its own recvbuf object (one remembered call each).
+    from mpi4py import MPI
+
+    import ringmpi
+    from ringmpi import _settings
+    from ringmpi.tools import allreduce as cli
+
+    calls = []
+    real = ringmpi.Allreduce
+
+    def spy(*args, **kwargs):
+        now = _settings.current()
+        calls.append((len(args), tuple(kwargs), now.algorithm, now.window_stores, id(args[1])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ringmpi, "Allreduce", spy)
+    out = tmp_path / "r.json"
+    assert cli.main(["-b", "8", "-e", "8", "-n", "3", "-w", "1", "--budget", "0", "-a",
+                     "all,hierarchical:cached", "--json", str(out)]) == 0  # fmt: skip
+    rows = json.loads(out.read_text())["rows"]
+    named = [*algorithms.usable(cli.context(MPI.COMM_WORLD)), "mpi"]
+    assert [r["algorithm"] for r in rows][1:] == [*named, "mpi4py", "hierarchical:cached"]
+    assert {(n, kw) for n, kw, *_ in calls} == {(4, ())}
+    ways = {(algorithm, stores) for _, _, algorithm, stores, _ in calls}
+    assert ways == {("auto", "auto"), *((a, "auto") for a in named), ("hierarchical", "cached")}
+    recv = {(algorithm, stores): {r for *_, a, s, r in calls if (a, s) == (algorithm, stores)}
+            for algorithm, stores in ways}  # fmt: skip
+    assert all(len(ids) == 1 for ids in recv.values())  # one object per row
+    assert len({next(iter(ids)) for ids in recv.values()}) == len(ways)  # none shared

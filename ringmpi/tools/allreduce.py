@@ -573,9 +573,10 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         _say(f"cores: {cores['node_cores_online']} online per node, "
              f"{cores['node_cores_usable']} in the ranks' affinity")  # fmt: skip
         if cores["oversubscribed"]:
-            _say(f"oversubscribed: {cores['node_ranks']} ranks share "
-                 f"{cores['node_cores_usable']} cores on a node: ranks wait for a core, "
-                 "so times are the scheduler's more than the algorithm's, and noisy")  # fmt: skip
+            usable = cores["node_cores_usable"]
+            _say(f"oversubscribed: {cores['node_ranks']} ranks share {usable} "
+                 f"core{'s' if usable > 1 else ''} on a node: ranks wait for a core, so "
+                 "times are the scheduler's more than the algorithm's, and noisy")  # fmt: skip
         print(f"# MPI: {_library()} (MPI {'{}.{}'.format(*MPI.Get_version())})")
         print(f"# mpi4py {__import__('mpi4py').__version__}, numba {numba.__version__}, "
               f"numpy {np.__version__}")  # fmt: skip
@@ -584,8 +585,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         for why in left_out:
             _say(why)
         _say(f"loading the {red.describe()} kernels: the first run of a type and op on "
-             "a machine compiles them into Numba's cache (about a minute on 2 busy cores), "
-             "later runs load them ...")  # fmt: skip
+             "a machine compiles them into Numba's cache (about 40 s on 2 idle cores, "
+             "minutes on busy ones), later runs load them in about a second ...")  # fmt: skip
         sys.stdout.flush()
     with _Ticker("compiling or loading the kernels", rank == 0):
         compile_s = _warm(ctx, red)

@@ -19,7 +19,7 @@ The tools: ``python -m ringmpi <command>`` (``python -m ringmpi --help`` lists t
 
 from __future__ import annotations
 
-import importlib
+import importlib as _importlib
 from typing import TYPE_CHECKING
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Reduce_scatter_block",
     "RingMPIError",
     "Trace",
+    "UnsupportedError",
     "abort_on_error",
     "allreduce",
     "allreduce_many",
@@ -54,6 +55,7 @@ _WHERE = {
     "Reduce_scatter_block": "_halves",
     "RingMPIError": "_errors",
     "Trace": "_trace",
+    "UnsupportedError": "_errors",
     "abort_on_error": "_errors",
     "allreduce": "_api",
     "allreduce_many": "buckets",
@@ -65,7 +67,7 @@ _WHERE = {
 
 if TYPE_CHECKING:
     from ._api import Allreduce, Comm, Iallreduce, allreduce, warm
-    from ._errors import RingMPIError, abort_on_error
+    from ._errors import RingMPIError, UnsupportedError, abort_on_error
     from ._halves import Allgather, Reduce_scatter, Reduce_scatter_block
     from ._settings import configure, configured
     from ._trace import Trace, trace
@@ -75,11 +77,17 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> object:
     if name in _WHERE:
-        value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+        value = getattr(_importlib.import_module(f".{_WHERE[name]}", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'ringmpi' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    """The API, the loaded submodules and the module's own dunder names, each once."""
+    here = (n for n, v in globals().items() if not n.startswith("_") and n not in _HIDDEN)
+    return sorted({*__all__, *here, *(n for n in globals() if n.startswith("__"))})
+
+
+# Names of this module's own machinery, not of the API.
+_HIDDEN = {"TYPE_CHECKING", "annotations"}

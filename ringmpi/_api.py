@@ -35,11 +35,12 @@ def Allreduce(
 
     ``sendbuf`` is a NumPy array, an mpi4py buffer spec (``[buf, MPI.FLOAT]``,
     ``[buf, count, MPI.FLOAT]``), ``MPI.IN_PLACE`` or None (in place, as in mpi4py);
-    ``recvbuf`` an array or a buffer spec. A call ringmpi cannot carry out itself
-    (long double, MINLOC and user-defined ops, derived datatypes, GPU memory, an
-    inter-communicator) goes, under ``auto`` and ``"mpi"``, to the library's own
-    ``comm.Allreduce`` with the arguments as given; a named algorithm raises
-    :class:`TypeError` naming what it cannot do. ``comm`` None means
+    ``recvbuf`` an array or a buffer spec. ``op`` None means ``MPI.SUM``. A call
+    ringmpi cannot carry out itself (long double, MINLOC and user-defined ops,
+    derived datatypes, GPU memory, an inter-communicator) goes, under ``auto`` and
+    ``"mpi"``, to the library's own ``comm.Allreduce`` with the arguments as given;
+    a named algorithm raises :class:`~ringmpi.UnsupportedError` (a TypeError)
+    naming what it cannot do. ``comm`` None means
     ``MPI.COMM_WORLD``. ``algorithm`` is a name from the registry (``"auto"``,
     ``"ring"``, ``"mpi"``). ``validate`` (default:
     the ``RINGMPI_VALIDATE`` environment variable) first checks that every rank
@@ -75,6 +76,8 @@ def Allreduce(
                 raise MPI.Exception(err)
     if sendbuf is None:  # mpi4py takes None as in place
         sendbuf = MPI.IN_PLACE
+    if op is None:
+        op = MPI.SUM
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     found = _repeats.get(key)
     if found is not None and found is not hit:  # several calls on one recvbuf take turns
@@ -168,7 +171,7 @@ def _library_allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Comm,
     (a call ringmpi cannot carry out itself). With a timeout, the nonblocking one,
     polled: MPI does not say which rank it waits for."""
     if _trace._active:
-        _trace.record_call()
+        _trace.record_call("mpi")
     if not timeout:
         MPI.Comm.Allreduce(comm, sendbuf, recvbuf, op)
         return
@@ -354,8 +357,12 @@ _LIBRARY_RSB, _LIBRARY_RS = MPI.Intracomm.Reduce_scatter_block, MPI.Intracomm.Re
 def _small_halve(sendbuf: Any, recvbuf: Any, op: Any) -> bool:
     """Whether auto would hand a reduce-scatter or all-gather on these buffers straight
     to the library (:func:`ringmpi._halves._small`), checked in the wrapper's own
-    methods: what they add to a small call is then one test."""
-    return _halves._small(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, op)
+    methods: what they add to a small call is then one test (two in a trace, which
+    counts the call)."""
+    if _halves._small(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, op):
+        _halves._trace_call("mpi")
+        return True
+    return False
 
 
 # --- internals -----------------------------------------------------------------
@@ -403,7 +410,7 @@ def _run(
         algorithms.warm_on_node(ctx, red, algorithms.get(algo.name), timeout)
         ctx.warmed.add(loaded)
     if _trace._active:
-        _trace.record_call()
+        _trace.record_call(algo.name)
     algo.run(work, red, ctx, source, timeout)
     if not direct:
         if count == recv.size:

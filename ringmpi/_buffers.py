@@ -29,6 +29,7 @@ def _from_spec(spec: list | tuple, name: str) -> np.ndarray:
     ``[data, count]``, ``[data, count, datatype]``, ``[data, (count, displ), datatype]``
     or ``[data, count, displ, datatype]``; a datatype is an ``MPI.Datatype``, a type
     character (``"d"``) or None (the buffer's own type); displ counts items."""
+    _not_a_spec(spec, name)
     if not 2 <= len(spec) <= 4:
         raise TypeError(
             f"{name}: a buffer spec has 2 to 4 items ([data, datatype], [data, count, "
@@ -83,6 +84,24 @@ def _from_spec(spec: list | tuple, name: str) -> np.ndarray:
             + f" exceeds the buffer's {arr.size} items"
         )
     return arr[displ : displ + count]
+
+
+def _not_a_spec(spec: list | tuple, name: str) -> None:
+    """TypeError for the lists a user may pass that are no buffer spec: numbers (no
+    memory to write the result to) or several arrays (one call reduces one buffer)."""
+    kind = type(spec).__name__
+    if spec and all(isinstance(x, (int, float, complex, np.number)) for x in spec):
+        raise TypeError(
+            f"{name} is a {kind} of numbers, not a buffer: pass a NumPy array "
+            "(np.array(...)), which is reduced in place, or use ringmpi.allreduce(values), "
+            "which returns a new one"
+        )
+    if len(spec) > 1 and all(isinstance(x, np.ndarray) or hasattr(x, "__dlpack__") for x in spec):
+        raise TypeError(
+            f"{name} is a {kind} of {len(spec)} arrays: one call reduces one buffer; "
+            "ringmpi.allreduce_many(arrays) reduces a list of arrays in place, in a few "
+            "fused collectives"
+        )
 
 
 def _kind(buf: Any) -> str:

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from .algorithms.tuner import Tuner
 
 __all__ = [
-    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce", "polled",
-    "ready", "sleepy_barrier", "timed_out",
+    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce",
+    "not_running", "polled", "ready", "running", "sleepy_barrier", "timed_out",
 ]  # fmt: skip
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI
@@ -287,11 +287,18 @@ def _delete(comm: MPI.Comm, keyval: int, ctx: Context) -> None:
     ctx.free()
 
 
+def _finalizing(comm: MPI.Comm, keyval: int, value: object) -> None:
+    _cache.changed()
+
+
 _keyval: int | None = None
 
 
 def check_comm(comm: object) -> MPI.Intracomm:
-    """The communicator to use; TypeError unless it is a valid intracommunicator."""
+    """The communicator to use; TypeError unless it is a valid intracommunicator,
+    RingMPIError when MPI is not running (a call would abort the process)."""
+    if not running():
+        raise not_running()
     if comm is None:
         return MPI.COMM_WORLD
     if not isinstance(comm, MPI.Intracomm):
@@ -300,6 +307,23 @@ def check_comm(comm: object) -> MPI.Intracomm:
     if comm == MPI.COMM_NULL:
         raise TypeError("comm is MPI.COMM_NULL")
     return comm
+
+
+def running() -> bool:
+    """Whether MPI is initialized and not finalized (a call otherwise aborts the process)."""
+    return MPI.Is_initialized() and not MPI.Is_finalized()
+
+
+def not_running() -> RingMPIError:
+    """The error for a call while MPI is not running."""
+    if MPI.Is_finalized():
+        return RingMPIError(
+            "MPI is finalized: no MPI call, ringmpi's included, may follow MPI.Finalize()"
+        )
+    return RingMPIError(
+        "MPI is not initialized: call MPI.Init() first (importing mpi4py.MPI does, unless "
+        "mpi4py.rc.initialize is False)"
+    )
 
 
 # The contexts of the communicators last used, by the Python object (it is held, so
@@ -316,6 +340,9 @@ def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
+        # MPI_Finalize deletes COMM_SELF's attributes first: every remembered call is
+        # then forgotten, so that a later call takes the full path, which refuses it.
+        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
     # (mpi4py's stub types attribute values as a predefined attribute's int)
     ctx = cast("Context | None", comm.Get_attr(_keyval))
     if ctx is None:

@@ -30,6 +30,7 @@ the Python function itself, and only this shortcut is missing.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import sys
 import weakref
 from collections.abc import Callable
@@ -187,10 +188,30 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     ]
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
     assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
-    builtin = _builtin(python.__name__, python.__doc__, python.__module__, holder, vectorcall)
+    doc = _text_signature(python) + (python.__doc__ or "")
+    builtin = _builtin(python.__name__, doc, python.__module__, holder, vectorcall)
     _state.update(holder=holder, builtin=builtin)
     _cache.derived(_Entries())
     return builtin
+
+
+def _text_signature(python: Callable[..., Any]) -> str:
+    """``python``'s signature as a builtin's docstring opens with it, which gives the
+    builtin its ``__text_signature__`` (for ``help``, ``inspect.signature``, IDEs).
+    Such a signature holds literals only: a default that is none (``MPI.SUM``) shows
+    as None, which ``python`` takes for it."""
+    params, keyword_only = ["$self"], False
+    for p in inspect.signature(python).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and not keyword_only:
+            params.append("*")
+            keyword_only = True
+        if p.default is p.empty:
+            params.append(p.name)
+        elif isinstance(p.default, (str, int, float, bool, type(None))):
+            params.append(f"{p.name}={p.default!r}")
+        else:
+            params.append(f"{p.name}=None")
+    return f"{python.__name__}({', '.join(params)})\n--\n\n"
 
 
 def caller(cells: np.ndarray, dtype: np.dtype, python: Callable[..., Any]) -> Callable[..., Any]:

@@ -26,6 +26,10 @@ class UnsupportedError(TypeError):
     algorithm raises this."""
 
 
+# Shown in tracebacks as the API names them: ringmpi.RingMPIError.
+RingMPIError.__module__ = UnsupportedError.__module__ = "ringmpi"
+
+
 def abort_on_error(comm: Any = None, code: int = 1, grace: float = 0.5) -> None:
     """Make an uncaught exception on this rank end the whole job: print it (one write,
     naming this rank) and call MPI_Abort on ``comm`` (default: COMM_WORLD).

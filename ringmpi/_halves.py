@@ -40,7 +40,7 @@ from mpi4py import MPI
 from . import _cache, _engine, _settings, _trace
 from ._buffers import _as_array, _kind
 from ._cache import Bounded
-from ._comm import check_comm, ready
+from ._comm import check_comm, not_running, ready, running
 from ._errors import UnsupportedError
 from .algorithms.latency import doubling_all_gather, halving_reduce_scatter
 from .algorithms.ring import all_gather_owned, reduce_scatter
@@ -74,10 +74,7 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     reduced block r in ``recvbuf`` (k elements), like ``comm.Reduce_scatter_block``.
     ``sendbuf`` ``MPI.IN_PLACE`` or None: the N blocks are in ``recvbuf``, whose
     first block receives the result (the ring leaves the rest as it was)."""
-    if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
-                                      else sendbuf, op):  # fmt: skip
-        return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
-    if algorithm == "auto" and _settled(comm, "Reduce_scatter_block", sendbuf, recvbuf, op):
+    if algorithm == "auto" and _to_library(comm, "Reduce_scatter_block", sendbuf, recvbuf, op):
         return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
     _reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
 
@@ -90,10 +87,7 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     ``recvbuf``, like ``comm.Reduce_scatter``. ``recvcounts`` None: every rank's
     ``recvbuf`` size (gathered). ``sendbuf`` ``MPI.IN_PLACE`` or None: the input is
     in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
-    if algorithm == "auto" and _small(recvbuf if sendbuf is None or sendbuf is _IN_PLACE
-                                      else sendbuf, op):  # fmt: skip
-        return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
-    if algorithm == "auto" and _settled(comm, "Reduce_scatter", sendbuf, recvbuf, op):
+    if algorithm == "auto" and _to_library(comm, "Reduce_scatter", sendbuf, recvbuf, op):
         return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
     _reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout)
 
@@ -151,7 +145,7 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
                         "average, and a 16-bit sum divided afterwards would round twice "
                         "(shared_memory, on one node, averages with one rounding)")  # fmt: skip
     t0 = time.perf_counter()
-    _trace_call()
+    _trace_call(ran)
     if ran == "mpi":  # AVG: the library's SUM, divided here; the half types as given
         _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)),
                  op if red.half else red.mpi_op)  # fmt: skip
@@ -207,7 +201,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
     or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
     ring moves bytes."""
-    if algorithm == "auto" and (_small(recvbuf) or _settled(comm, "Allgather", None, recvbuf)):
+    if algorithm == "auto" and _to_library(comm, "Allgather", None, recvbuf):
         return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
@@ -231,7 +225,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
         raise ValueError("Allgather: recvbuf must be contiguous")
     ran, timed = _choose(ctx, "Allgather", algorithm, recv.nbytes, comm)
     t0 = time.perf_counter()
-    _trace_call()
+    _trace_call(ran)
     if ran == "mpi":
         _library("Allgather", comm, sendbuf, recvbuf)
     else:
@@ -271,24 +265,32 @@ _BYTES = reduction(MPI.BAND, np.uint8)  # the all-gather only stores: any reduct
 def _small(buf: Any, op: Any = MPI.SUM) -> bool:
     """A NumPy buffer below :data:`RING_FROM_BYTES`: latency-bound, where the ring's
     N - 1 steps never beat the library's (log-depth) call, which auto hands it to
-    at once (not AVG, which MPI has not; not inside a trace, which counts the call)."""
-    return (type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES and op is not AVG
-            and not _TRACES)  # fmt: skip
+    at once (not AVG, which MPI has not)."""
+    return type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES and op is not AVG
 
 
-def _settled(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> bool:
-    """Whether auto's tuner settled this size on this communicator object for the
-    library's call: then it is made first thing."""
+def _to_library(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> bool:
+    """Whether auto makes the library's call first thing: a small buffer, or a size
+    its tuner settled for the library on this communicator object (counted in a trace
+    as the library's call, like any other)."""
     buf = recvbuf if sendbuf is None or sendbuf is _IN_PLACE else sendbuf
-    if type(buf) is not np.ndarray or op is AVG or _TRACES:
+    if type(buf) is not np.ndarray or op is AVG:
         return False
-    return _to_library.get((id(comm), name, buf.nbytes.bit_length()), _ALLGATHER) is comm
+    if buf.nbytes >= RING_FROM_BYTES and (
+        _settled.get((id(comm), name, buf.nbytes.bit_length()), _ALLGATHER) is not comm
+    ):
+        return False
+    if not running():
+        raise not_running()
+    if _TRACES:
+        _trace.record_call("mpi")
+    return True
 
 
 # (id of the communicator object, collective, size class) -> that object, where auto's
 # tuner settled on the library's call (held, so the id names no other; emptied when a
 # communicator is freed).
-_to_library: Bounded[tuple, Any] = _cache.derived(Bounded(256))
+_settled: Bounded[tuple, Any] = _cache.derived(Bounded(256))
 
 # The library's calls as the small path makes them (Comm's: inter-communicators too).
 _ALLGATHER, _RSB, _RS = MPI.Comm.Allgather, MPI.Comm.Reduce_scatter_block, MPI.Comm.Reduce_scatter
@@ -399,15 +401,15 @@ class _Tuned:
                 won = candidates[best] if slowest[best] < slowest[-1] * (1 - MARGIN) else "mpi"
                 self.won[key] = won
                 if won == "mpi":  # later calls go there first thing
-                    _to_library.put((id(comm), *key[:2]), comm)
+                    _settled.put((id(comm), *key[:2]), comm)
                 del self.trials[key]
 
         return candidate, timed
 
 
-def _trace_call() -> None:
+def _trace_call(ran: str) -> None:
     if _trace._active:
-        _trace.record_call()
+        _trace.record_call(ran)
 
 
 def _library(name: str, comm: Any, *args: Any, why: str = "", algorithm: str = "auto") -> None:

@@ -82,6 +82,24 @@ def _one_of(options: tuple[str, ...]):
     return parse
 
 
+def _algorithm(value: object, says: str) -> str:
+    text = _text(value) if value not in (None, "") else "auto"
+    if text != "auto":  # the registry's names (loaded here, not at import: it loads Numba)
+        from .algorithms import lookup  # noqa: PLC0415
+
+        lookup(text, says)
+    return text
+
+
+def _tuning_file(value: object, says: str) -> str:
+    path = _text(value) if value not in (None, "") else ""
+    if path:  # read now, so that a missing or bad file is named where it is given
+        from .tuning import check_file  # noqa: PLC0415
+
+        check_file(path, says)
+    return path
+
+
 def _tuner(value: object, says: str) -> str:
     text = str(value).strip() if value not in (None, "") else "auto"
     return text if text else "auto"
@@ -107,10 +125,8 @@ def _setting(default: object, parse, doc: str):
 class Settings:
     """Every setting, checked. Field ``x`` is environment variable ``RINGMPI_X``."""
 
-    algorithm: str = _setting(
-        "auto", lambda v, s: _text(v) or "auto", "the algorithm auto resolves to (a registry name)"
-    )
-    tuning: str = _setting("", lambda v, s: _text(v or ""), "a tuning file for auto's cost model")
+    algorithm: str = _setting("auto", _algorithm, "what auto resolves to (a registry name)")
+    tuning: str = _setting("", _tuning_file, "a tuning file for auto's cost model")
     ranks_per_node: int | None = _setting(None, _count, "emulated nodes of this many ranks")
     node_placement: str = _setting("block", _one_of(PLACEMENTS), "emulated nodes: block or cyclic")
     validate: bool = _setting(False, lambda v, s: _switch(v), "check that the ranks agree first")

@@ -76,6 +76,9 @@ class Trace:
     events: list[Event] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)  # when each step ran
     calls: int = 0
+    # What each call ran, in call order: an algorithm's name, "mpi" for the library's
+    # own collective (whose traffic ringmpi cannot see).
+    ran: list[str] = field(default_factory=list)
     # The hierarchical algorithm's shared-memory phase: bytes this rank stored to
     # and loaded from the node's window (no messages there).
     shared_written: int = 0
@@ -149,10 +152,12 @@ def record_tuned(size_class: int, algorithm: str, seconds: dict[str, float]) -> 
         t.tuned.append(Tuned(t.calls - 1, size_class, algorithm, dict(seconds)))
 
 
-def record_call() -> None:
-    """Mark the start of a call (the API does this once per collective)."""
+def record_call(algorithm: str) -> None:
+    """Mark the start of a call that runs ``algorithm`` (the API does this once per
+    collective, for what it really runs)."""
     for t in _mine():
         t.calls += 1
+        t.ran.append(algorithm)
 
 
 @contextmanager

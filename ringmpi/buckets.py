@@ -82,7 +82,8 @@ def allreduce_many(
 
     ``arrays``: NumPy arrays (any shapes, dtypes and strides) or anything else
     ``ringmpi.Allreduce`` takes as a receive buffer (buffer objects, DLPack
-    producers in CPU memory); each must be writeable, and no two may overlap.
+    producers in CPU memory); each must be writeable, and no two may share memory
+    (the same array twice, or overlapping views of one: ValueError on every rank).
     Every rank must pass arrays of the same shapes and dtypes in the same order,
     the same ``op``, ``bucket_bytes``, ``algorithm`` and reproducible mode: that
     is checked first (one small collective), and every rank raises when they do
@@ -158,6 +159,7 @@ def _prepare(
     for i, v in enumerate(views):
         if not v.flags.writeable:
             raise ValueError(f"arrays[{i}] is read-only ({type(arrays[i]).__name__})")
+    _check_apart(arrays, views)
     op_key = MPI._handleof(op) if isinstance(op, MPI.Op) else id(op)
     key = (tuple((v.shape, v.dtype) for v in views), op_key, int(bucket_bytes), algorithm,
            ordered)  # fmt: skip
@@ -165,6 +167,60 @@ def _prepare(
     if plan is None:
         plan = _plans.put(key, _make_plan(views, op, int(bucket_bytes), algorithm, ordered))
     return views, plan
+
+
+def _check_apart(arrays: Sequence[Any], views: list[np.ndarray]) -> None:
+    """ValueError naming two arrays that share memory: the same one twice, or views of
+    one (each is reduced and written back on its own, so an overlap would be summed
+    twice or not, depending on the packing)."""
+    first: dict[int, int] = {}
+    for j, a in enumerate(arrays):
+        i = first.setdefault(id(a), j)
+        if i != j:
+            raise ValueError(f"arrays[{i}] and arrays[{j}] are the same array: pass it once "
+                             "(a tied weight's gradient is one array)")  # fmt: skip
+    # Arrays that own their memory share none with one another: only views of the same
+    # array, or of memory NumPy does not own (DLPack, buffer objects), are compared.
+    groups: dict[int, list[int]] = {}
+    for j, v in enumerate(views):
+        if v.size == 0:
+            continue
+        root = v
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        groups.setdefault(0 if root.base is not None else id(root), []).append(j)
+    for members in groups.values():
+        if len(members) > 1:
+            _check_views(views, members)
+
+
+def _check_views(views: list[np.ndarray], members: list[int]) -> None:
+    """The views' byte ranges, in address order; where two ranges meet, whether the
+    arrays really share a byte (strided views may interleave without one)."""
+    spans = []
+    for j in members:
+        v = views[j]
+        low = high = MPI.Get_address(v) if v.flags.c_contiguous else _address(v)
+        for n, stride in zip(v.shape, v.strides, strict=True):
+            reach = stride * (n - 1)
+            low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+        spans.append((low, high + v.itemsize, j))
+    spans.sort()
+    open_spans: list[tuple[int, int]] = []  # (end, index) of the spans that may still meet
+    for low, high, j in spans:
+        open_spans = [(end, i) for end, i in open_spans if end > low]
+        for _, i in open_spans:
+            shared = np.shares_memory(views[i], views[j])  # exact: strides solved
+            if shared:
+                first, second = sorted((i, j))
+                raise ValueError(f"arrays[{first}] and arrays[{second}] overlap in memory: "
+                                 "each array is reduced and written back on its own, so no two "
+                                 "may share memory")  # fmt: skip
+        open_spans.append((high, j))
+
+
+def _address(v: np.ndarray) -> int:
+    return int(v.__array_interface__["data"][0])
 
 
 def _make_plan(

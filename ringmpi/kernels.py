@@ -285,7 +285,8 @@ def reduction(op: object, dtype: np.dtype | str | type) -> Reduction:
         names = ", ".join([*(d.name for d in DTYPES), *HALF_NAMES])
         raise UnsupportedError(f"dtype {dt} is not supported by ringmpi (supported: {names})")
     if dt not in spec.dtypes:
-        allowed = ", ".join(d.name for d in spec.dtypes)
+        halves = HALF_NAMES if spec.name in HALF_OPS else ()
+        allowed = ", ".join([*(d.name for d in spec.dtypes), *halves])
         raise TypeError(
             f"op {_op_label(spec)} is not defined for dtype {dt.name} (it takes: {allowed})"
         )

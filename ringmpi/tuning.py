@@ -38,6 +38,7 @@ __all__ = [
     "CROWDED",
     "DEFAULTS",
     "Costs",
+    "check_file",
     "choose",
     "defaults",
     "load",
@@ -179,10 +180,19 @@ def load(per_node: int = _SMALL) -> Costs:
     path = current().tuning
     if not path:
         return defaults(per_node)
+    return _read(path, per_node, "RINGMPI_TUNING")
+
+
+def check_file(path: str, says: str) -> None:
+    """ValueError, naming ``says``, unless ``path`` is a readable tuning file."""
+    _read(path, _SMALL, says)
+
+
+def _read(path: str, per_node: int, says: str) -> Costs:
     try:
         stamp = os.stat(path).st_mtime
     except OSError as exc:
-        raise ValueError(f"RINGMPI_TUNING: cannot read {path!r}: {exc.strerror}") from None
+        raise ValueError(f"{says}: cannot read {path!r}: {exc.strerror}") from None
     found = _loaded.get((path, stamp, per_node))
     if found is None:
         try:
@@ -196,7 +206,7 @@ def load(per_node: int = _SMALL) -> Costs:
             extra = tuple(sorted((str(k), float(v)) for k, v in given.items()))
             found = Costs(**own, extra=extra)
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"RINGMPI_TUNING: {path!r} is not a tuning file: {exc}") from None
+            raise ValueError(f"{says}: {path!r} is not a tuning file: {exc}") from None
         _loaded[(path, stamp, per_node)] = found
     return found
 

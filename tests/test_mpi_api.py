@@ -871,6 +871,8 @@ def test_algorithm_from_the_environment(environ):
         problems.append(f"auto with RINGMPI_ALGORITHM=mpi traced {len(auto.events)} sends")
     if bool(ring.events) != (SIZE > 1):
         problems.append(f"algorithm='ring' traced {len(ring.events)} sends")
+    if (auto.ran, ring.ran) != (["mpi"], ["ring"]):
+        problems.append(f"the traces say auto ran {auto.ran} and the ring {ring.ran}")
     agree(WORLD, problems)
 
 

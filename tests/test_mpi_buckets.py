@@ -269,3 +269,41 @@ def test_half_types_in_buckets(op, algorithm):
         ringmpi.allreduce_many(arrays, op, WORLD, bucket_bytes=64, algorithm=algorithm)
         problems += check(arrays, want, f"call {call}")
     agree(WORLD, problems)
+
+
+def _overlapping():
+    """(name, the arrays, the words of the error): memory shared two ways, and
+    strided views that interleave without sharing (which pass)."""
+    a = np.zeros(10)
+    flat = np.zeros(24)
+    return [
+        ("same-array", [np.ones(2), a, a], "arrays[1] and arrays[2] are the same array"),
+        ("overlapping-slices", [a[:6], a[4:]], "arrays[0] and arrays[1] overlap in memory"),
+        ("view-of-a-view", [flat[:8], flat.reshape(4, 6)[1:, ::2]],
+         "arrays[0] and arrays[1] overlap in memory"),
+        ("interleaved", [flat[::2], flat[1::2]], None),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", range(4), ids=[c[0] for c in _overlapping()])
+@pytest.mark.parametrize("bucket_bytes", [8, buckets.BUCKET_BYTES])
+def test_arrays_that_share_memory_raise_on_every_rank(case, bucket_bytes):
+    """Raised before any message, whatever the packing; strided views that only
+    interleave are apart, and are summed once each."""
+    _, arrays, says = _overlapping()[case]
+    for x in arrays:
+        x[...] = RANK + 1
+    try:
+        with ringmpi.trace() as t:
+            ringmpi.allreduce_many(arrays, comm=WORLD, bucket_bytes=bucket_bytes)
+        got = None
+    except ValueError as exc:
+        got = str(exc)
+    right = got is None if says is None else got is not None and got.startswith(says)
+    problems = [] if right else [f"raised {got!r}, not {says!r}"]
+    if says is None:
+        total = SIZE * (SIZE + 1) // 2
+        problems += [] if all((x == total).all() for x in arrays) else ["wrong sums"]
+    elif t.calls != 1:  # the signature check, which finds the mistake: no bucket reduced
+        problems.append(f"{t.calls} collectives before raising")
+    agree(WORLD, problems)

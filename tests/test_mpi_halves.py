@@ -304,3 +304,24 @@ def test_what_it_cannot_reduce_goes_to_the_library():
     ringmpi.Reduce_scatter_block(x, out)
     want = SIZE * np.arange(2 * SIZE, dtype=np.longdouble) + SIZE * (SIZE - 1) // 2
     agree(WORLD, [] if np.array_equal(out, want[2 * RANK : 2 * RANK + 2]) else [f"{out}"])
+
+
+def test_a_trace_counts_what_auto_runs_without_changing_it():
+    """Below RING_FROM_BYTES auto hands a reduce-scatter or all-gather to the library,
+    inside a trace as outside it: the trace counts the library's calls (no send it
+    could see), through the functions and the wrapped communicator alike."""
+    from ringmpi._halves import RING_FROM_BYTES
+
+    k = RING_FROM_BYTES // 8 // SIZE // 2  # float64 elements a block: half the threshold
+    comm = ringmpi.Comm(WORLD)
+    out, mine = np.empty(k * SIZE), np.empty(k)
+    with ringmpi.trace() as t:
+        ringmpi.Reduce_scatter_block(inputs(MPI.SUM, "float64", k * SIZE), mine)
+        ringmpi.Allgather(mine, out)
+        comm.Reduce_scatter_block(inputs(MPI.SUM, "float64", k * SIZE), mine)
+        comm.Allgather(mine, out)
+    problems = mismatch("all-gather of the reduced blocks", out,
+                        expected(MPI.SUM, "float64", k * SIZE))  # fmt: skip
+    if (t.ran, t.calls, t.bytes_sent, t.shared_read) != (["mpi"] * 4, 4, 0, 0):
+        problems.append(f"traced: ran {t.ran}, {t.bytes_sent} B sent, {t.shared_read} B read")
+    agree(WORLD, problems)

@@ -502,6 +502,38 @@ def _write(args: argparse.Namespace, header: dict, rows: list[dict], drawn: tupl
 EXIT_OUTPUT = 3
 
 
+def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple:
+    """The run the arguments and settings ask for: (settings, op, reduction, sizes,
+    entries, what was left out and why); TypeError or ValueError naming what is wrong.
+    Every rank checks the same arguments the same way, before any communication."""
+    given = {"ranks_per_node": args.ranks_per_node, "node_placement": args.node_placement,
+             "timeout": args.timeout}  # fmt: skip
+    # The settings (RINGMPI_* read and checked), with the options given.
+    now = _settings.configure(**{k: v for k, v in given.items() if v is not None})
+    op = op_from_name(args.op)
+    red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
+    sizes = _sizes(args, red.dtype.itemsize)
+    if args.budget < 0:
+        raise ValueError(f"--budget must be 0 or more seconds, not {args.budget:g}")
+    entries = [_entry(name, now) for name in _names(args.algorithm)]
+    # What the default list or all hold that cannot run this reduction is left out,
+    # and said so; a name given that cannot is an error.
+    implicit = args.algorithm in (parser.get_default("algorithm"), "all")
+    ordered = now.reproducible and algorithms.order_matters(red)
+    left_out = []
+    for entry in list(entries):
+        why = _cannot(entry, red, op, ordered, "left out" if implicit else "algorithm")
+        if why is not None and not implicit:
+            raise ValueError(why)
+        if why is not None:
+            entries.remove(entry)
+            left_out.append(why)
+    tuning.load()  # RINGMPI_TUNING, checked
+    if args.plot:
+        _plot.check(args.plot)
+    return now, op, red, sizes, entries, left_out
+
+
 def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int:
     """The benchmark; ``command``: how it was typed (for usage and the plot)."""
     comm = MPI.COMM_WORLD
@@ -510,49 +542,28 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     abort_on_error(comm)
     parser = _parser(command)
     args = parser.parse_args(argv)
-    given = {"ranks_per_node": args.ranks_per_node, "node_placement": args.node_placement,
-             "timeout": args.timeout}  # fmt: skip
     rank = comm.Get_rank()
-
-    def error(message: str) -> int:
+    problem = None
+    try:
+        now, op, red, sizes, entries, left_out = _checked(args, parser)
+    except (TypeError, ValueError) as exc:
+        problem = str(exc)
+    # One agreement, so that every rank stops here together, also where the ranks'
+    # environments differ; after a sleepy barrier: ranks that spin in MPI would take
+    # the CPU from ranks still starting up (64 ranks on 2 cores import for tens of
+    # seconds). Rank 0 alone writes the outputs: it checks them.
+    sleepy_barrier(comm)
+    problems = comm.allgather(problem)
+    said = comm.bcast(_unwritable(args) if rank == 0 else None, root=0)
+    if any(problems):
+        said = next(p for p in problems if p)
+        if problems.count(said) < len(problems):  # not every rank's
+            said = f"rank {problems.index(said)}: {said}"
+    if said:
         if rank == 0:
             parser.print_usage(sys.stderr)
-            sys.stderr.write(f"{parser.prog}: error: {message}\n")
+            sys.stderr.write(f"{parser.prog}: error: {said}\n")
         return 2
-
-    # Every rank checks the same arguments the same way, so all of them stop here together.
-    try:
-        # The settings (RINGMPI_* read and checked), with the options given.
-        now = _settings.configure(**{k: v for k, v in given.items() if v is not None})
-        op = op_from_name(args.op)
-        red = reduction(op, args.datatype)  # TypeError for a combination MPI does not allow
-        sizes = _sizes(args, red.dtype.itemsize)
-        if args.budget < 0:
-            raise ValueError(f"--budget must be 0 or more seconds, not {args.budget:g}")
-        entries = [_entry(name, now) for name in _names(args.algorithm)]
-        # What the default list or all hold that cannot run this reduction is left
-        # out, and said so; a name given that cannot is an error.
-        implicit = args.algorithm in (parser.get_default("algorithm"), "all")
-        ordered = now.reproducible and algorithms.order_matters(red)
-        left_out = []
-        for entry in list(entries):
-            why = _cannot(entry, red, op, ordered, "left out" if implicit else "algorithm")
-            if why is not None and not implicit:
-                raise ValueError(why)
-            if why is not None:
-                entries.remove(entry)
-                left_out.append(why)
-        tuning.load()  # RINGMPI_TUNING, checked
-        if args.plot:
-            _plot.check(args.plot)
-    except (TypeError, ValueError) as exc:
-        return error(str(exc))
-    # A sleepy barrier first: ranks that spin in MPI would take the CPU from ranks
-    # still starting up (64 ranks on 2 cores import for tens of seconds).
-    sleepy_barrier(comm)
-    unwritable = comm.bcast(_unwritable(args) if rank == 0 else None, root=0)
-    if unwritable:
-        return error(unwritable)
     ctx = context(comm)
     if "all" in args.algorithm.split(","):  # shared_memory only where it can run
         usable = algorithms.usable(ctx)

@@ -353,3 +353,9 @@ def _by_rank(values: list) -> str:
         + f" {v!r}"
         for v, r in groups.items()
     )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("buckets")

@@ -326,3 +326,9 @@ def decode_tag(code: int) -> tuple[str, str]:
     if 0 <= k < len(_OPS) and 0 <= d - len(DTYPES) < len(HALF_NAMES):
         return _op_label(_OPS[k]), HALF_NAMES[d - len(DTYPES)]
     return f"unknown op (code {code})", "unknown dtype"
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("kernels")

@@ -210,3 +210,9 @@ def _simulate(plans, nranks, count, itemsize, complete, bounds) -> Simulated:
     sent.results = [per_element(e) for e in exprs]
     sent.held = [per_element(h) for h in held]
     return sent
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

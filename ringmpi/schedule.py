@@ -116,3 +116,9 @@ def hierarchical_plan(nranks: int, per_node: int, placement: str = "block") -> H
     nslices = max(len(n) for n in nodes)
     rails = [[n[j % len(n)] for n in nodes] for j in range(nslices)]
     return HierarchicalPlan(nodes, nslices, rails)
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("schedule")

@@ -217,3 +217,9 @@ def as_dict(costs: Costs) -> dict[str, float]:
 
 
 _MODEL = frozenset(f.name for f in fields(Costs) if f.name != "extra")
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("tune")

@@ -80,3 +80,9 @@ def count_wrong(result: np.ndarray, op: object, nranks: int) -> int:
 def _tile(period: np.ndarray, count: int) -> np.ndarray:
     """``count`` elements repeating ``period`` (np.resize builds it from a tuple: slow)."""
     return np.tile(period, -(-count // period.size))[:count]
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

@@ -17,6 +17,7 @@ PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
 COMMANDS = ("allreduce", "reduce_scatter", "allgather", "schedule", "tune", "scaling", "choices", "trace", "shm",
             "report", "reliability", "buckets", "kernels")  # fmt: skip
+REST = ("``", ":func:", ":mod:", ":meth:", ":data:", "::\n")  # reST that argparse would print raw
 
 
 def ringmpi(*args: str) -> subprocess.CompletedProcess:
@@ -31,6 +32,7 @@ def test_help_lists_every_command_with_its_summary():
     listed = p.stdout.split("commands:\n")[1].splitlines()
     assert [line.split()[0] for line in listed] == list(COMMANDS)
     assert all(len(line.split()) > 2 for line in listed)  # a summary after each name
+    assert not [markup for markup in REST if markup in p.stdout]
 
 
 def test_the_console_script_is_the_same_entry():
@@ -98,6 +100,7 @@ def test_each_command_has_its_own_help(command):
     p = ringmpi(command, "--help")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"usage: python -m ringmpi {command} ")
+    assert not [markup for markup in REST if markup in p.stdout]
 
 
 def test_an_unknown_command_is_refused():

@@ -159,3 +159,9 @@ register(
     summary="Chain: the left fold in rank order, pipelined in pieces (bitwise reproducible).",
     no_half="it forwards partial results along the chain, rounded to 16 bits at every rank",
 )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

@@ -723,3 +723,9 @@ HIERARCHICAL = register(
     state=_State,
     warm=warm,
 )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

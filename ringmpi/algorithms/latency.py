@@ -353,3 +353,9 @@ register(
     no_half="it forwards partial results, rounded to 16 bits at every step",
     auto=False,
 )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

@@ -72,3 +72,9 @@ def warm(kinds) -> None:
 register("mpi", mpi_allreduce_run, own=False, direct=direct, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

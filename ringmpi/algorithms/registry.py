@@ -226,3 +226,9 @@ def _direct_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float,
             raise MPI.Exception(err)
 
     return _direct.caller(cells, red.dtype, again)
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

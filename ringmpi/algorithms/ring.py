@@ -213,3 +213,9 @@ RING = register(
     summary="Ring all-reduce: reduce-scatter then all-gather with the ring neighbours, pipelined.",
     half=ring_half,
 )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

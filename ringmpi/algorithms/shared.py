@@ -545,3 +545,9 @@ SHARED_MEMORY = register(
     direct=direct,
     warm=warm,
 )
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

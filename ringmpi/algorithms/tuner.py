@@ -304,3 +304,9 @@ def _store(path: str, layout: str, klass: int, winner: str, times: dict[str, flo
                 os.unlink(aside)
     except OSError as exc:
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-__all__ = ["main", "prog"]
+from ._args import ArgumentParser
+
+__all__ = ["command_parser", "main", "prog"]
 
 _Command = Callable[[list[str]], int]
 _registry: dict[str, _Command] = {}
@@ -39,6 +41,16 @@ def _register_offline(command: _Command) -> _Command:
 def prog(command: str) -> str:
     """How ``command`` is typed: the ``prog`` of its argument parser."""
     return f"python -m ringmpi {command}"
+
+
+def command_parser(command: str, doc: str | None = None) -> ArgumentParser:
+    """The argument parser of ``command``: its summary (the line ``python -m ringmpi
+    --help`` lists) as the description, the rest of its module's docstring ``doc``
+    (past the first paragraph) as the epilog."""
+    epilog = doc.split("\n\n", 1)[1] if doc and "\n\n" in doc else None
+    return ArgumentParser(
+        prog=prog(command), description=_summary(_registry[command]), epilog=epilog
+    )
 
 
 def _tool(name: str) -> ModuleType:
@@ -130,19 +142,25 @@ def _summary(command: _Command) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one command: ``python -m ringmpi <command> [args]``."""
     width = max(map(len, _registry))
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m ringmpi",
         usage="%(prog)s <command> [args]",
         description="ringmpi's tools. `python -m ringmpi <command> --help` gives a command's "
         "own options.",
         epilog="commands:\n"
         + "\n".join(f"  {name:<{width}}  {_summary(c)}" for name, c in _registry.items()),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("command", metavar="<command>", choices=_registry,
                         help="one of the commands below")  # fmt: skip
     parser.add_argument("args", nargs=argparse.REMAINDER, metavar="[args]",
                         help="the command's arguments")  # fmt: skip
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help(sys.stderr)
+        parser.exit(
+            2,
+            "\nno command given: name one of the commands above, e.g. "
+            "`python -m ringmpi schedule 4`\n",
+        )
     args = parser.parse_args(argv)
     if argv is None and args.command in _offline and "mpi4py.MPI" not in sys.modules:
         import mpi4py  # noqa: PLC0415 (listing the commands imports no MPI)

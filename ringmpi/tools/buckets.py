@@ -11,7 +11,6 @@ too. docs/performance.md has the runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Any
@@ -22,8 +21,8 @@ from mpi4py import MPI
 from ringmpi import Allreduce, buckets, kernels
 from ringmpi.buckets import BUCKET_BYTES, allreduce_many
 
-from . import prog
-from ._units import format_size, parse_size
+from . import command_parser
+from ._units import format_size, parse_size, whole
 
 __all__ = ["main"]
 
@@ -75,25 +74,29 @@ def _collectives(nbytes: list[int], itemsize: int, bucket_bytes: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog=prog("buckets"),
-        description="Fused buckets (allreduce_many) against one call per array.",
-    )
-    p.add_argument("--arrays", type=int, default=200, help="arrays per step (200)")
-    p.add_argument("--min", type=parse_size, default=1 << 10, help="smallest array, bytes (1K)")
-    p.add_argument("--max", type=parse_size, default=64 << 10, help="largest array, bytes (64K)")
-    p.add_argument("-d", "--dtype", default="float32", help="dtype (float32)")
-    p.add_argument("-o", "--op", default="sum", help="op (sum)")
-    p.add_argument("-a", "--algorithm", default="auto", help="ringmpi's algorithm (auto)")
+    p = command_parser("buckets", __doc__)
+    p.add_argument("--arrays", type=whole(1), default=200, help="arrays per step")
+    p.add_argument("--min", type=parse_size, default=1 << 10, help="smallest array, bytes")
+    p.add_argument("--max", type=parse_size, default=64 << 10, help="largest array, bytes")
+    p.add_argument("-d", "--dtype", default="float32", help="NumPy dtype")
+    p.add_argument("-o", "--op", default="sum", help="the reduction")
+    p.add_argument("-a", "--algorithm", default="auto", help="ringmpi's algorithm")
     p.add_argument(
-        "--bucket-bytes", type=parse_size, nargs="+", default=[BUCKET_BYTES],
-        help=f"bucket sizes; the first also runs without reuse ({format_size(BUCKET_BYTES)})",
-    )  # fmt: skip
-    p.add_argument("-n", "--iters", type=int, default=30, help="repetitions (30)")
-    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed repetitions first (3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sizes (0)")
+        "--bucket-bytes",
+        type=parse_size,
+        nargs="+",
+        default=[BUCKET_BYTES],
+        help="bucket sizes; the first also runs without reuse",
+    )
+    p.add_argument("-n", "--iters", type=whole(1), default=30, help="repetitions")
+    p.add_argument("-w", "--warmup", type=whole(0), default=3, help="untimed repetitions first")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sizes")
     p.add_argument("--json", metavar="FILE", help="also write the table as JSON")
     args = p.parse_args(argv)
+    if not 1 <= args.min <= args.max:
+        p.error(
+            f"--min {format_size(args.min)} --max {format_size(args.max)}: need 1 <= --min <= --max"
+        )
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -151,3 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({"ranks": size, "arrays": args.arrays, "bytes": total,
                            "dtype": dtype.name, "rows": rows}, f, indent=1)  # fmt: skip
     return 1 if any(r["wrong"] for r in rows) else 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("buckets")

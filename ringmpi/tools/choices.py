@@ -14,11 +14,8 @@ the library's own call where it times faster (docs/api.md). No MPI is started.
 
 from __future__ import annotations
 
-import argparse
-import sys
-
-from . import prog
-from ._units import format_size, parse_size
+from . import command_parser
+from ._units import format_size, parse_size, sweep, whole
 
 __all__ = ["choices", "main"]
 
@@ -92,32 +89,24 @@ def _plot(got: dict[tuple[int, int], list[str]], sizes: list[int], path: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    text = __doc__.split("\n\n")
-    raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog=prog("choices"), description=text[0], epilog="\n\n".join(text[1:]), formatter_class=raw
+    parser = command_parser("choices", __doc__)
+    parser.add_argument(
+        "--layouts", default=LAYOUTS, help="comma-separated NODESxRANKS: nodes x ranks per node"
     )
-    parser.add_argument("--layouts", default=LAYOUTS, help=f"NODESxRANKS,... (default {LAYOUTS})")
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20)
-    parser.add_argument("-f", "--stepfactor", type=int, default=4)
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20, help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=whole(1), default=4, help="size multiplier")
     parser.add_argument("--plot", metavar="FILE", help="draw the picks as a grid (matplotlib)")
     args = parser.parse_args(argv)
     try:
+        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
         layouts = _layouts(args.layouts)
-        if args.minbytes < 1 or args.maxbytes < args.minbytes or args.stepfactor < 2:
-            raise ValueError("sizes: need 1 <= -b <= -e and -f >= 2")
         if args.plot:
             from ._plot import check  # noqa: PLC0415
 
             check()
     except ValueError as exc:
         parser.error(str(exc))
-    sizes = []
-    n = args.minbytes
-    while n <= args.maxbytes:
-        sizes.append(n)
-        n *= args.stepfactor
     got = choices(layouts, sizes)
     widths = [max(len(f"{m}x{k}"), *map(len, row)) for (m, k), row in got.items()]
     heads = [f"{f'{m}x{k}':<{w}}" for (m, k), w in zip(got, widths, strict=True)]
@@ -131,5 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("choices")

@@ -25,35 +25,44 @@ from mpi4py import MPI
 import ringmpi
 from ringmpi.verify import verify_expected, verify_inputs
 
-from . import prog
-from ._units import format_size, parse_size
+from . import command_parser
+from ._units import format_size, parse_size, sweep, whole
 
 __all__ = ["main"]
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog(command), description=__doc__.split("\n")[0])
-    p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size (8)")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest (64M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=8, help="size multiplier (8)")
-    p.add_argument("-n", "--iters", type=int, default=7, help="timed rounds per size (7)")
+    p = command_parser(command, __doc__)
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest size")
+    p.add_argument("-f", "--stepfactor", type=whole(1), default=8, help="size multiplier")
+    p.add_argument("-n", "--iters", type=whole(1), default=7, help="timed rounds per size")
     p.add_argument(
         "-w",
         "--warmup",
-        type=int,
+        type=whole(0),
         default=20,
-        help="untimed calls first: auto's tuner settles in them (20)",
+        help="untimed calls first: auto's tuner settles in them",
     )
-    p.add_argument("-a", "--algorithm", default="auto,ring,mpi4py",
-                   help="comma-separated: auto, ring, recursive_halving (reduce_scatter) or "
-                   "recursive_doubling (allgather), shared_memory, mpi (ringmpi handing the "
-                   "call to the library), mpi4py (the library's call itself) "
-                   "(auto,ring,mpi4py)")  # fmt: skip
+    other = "recursive_halving" if command == "reduce_scatter" else "recursive_doubling"
+    p.add_argument(
+        "-a",
+        "--algorithm",
+        default="auto,ring,mpi4py",
+        help=f"comma-separated: auto, ring, {other}, shared_memory, mpi "
+        "(ringmpi handing the call to the library), mpi4py (the library's call "
+        "itself)",
+    )
     return p
 
 
 def main(argv: list[str], command: str) -> int:
-    args = _parser(command).parse_args(argv)
+    parser = _parser(command)
+    args = parser.parse_args(argv)
+    try:
+        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as exc:
+        parser.error(str(exc))
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     names = args.algorithm.split(",")
@@ -65,8 +74,7 @@ def main(argv: list[str], command: str) -> int:
         print(f"# {'size':>9} {'count':>10} {'algorithm':>18} {'time(us)':>10} "
               f"{'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6} {'sent(B)':>10} "
               f"{'steps':>5}")  # fmt: skip
-    size = args.minbytes
-    while size <= args.maxbytes:
+    for size in sizes:
         count = max(n, size // 4 // n * n)  # whole blocks of float32
         block = count // n
         send, recv, want = _buffers(command, count, block, n, rank)
@@ -94,7 +102,6 @@ def main(argv: list[str], command: str) -> int:
                 print(f"  {format_size(count * 4):>9} {count:>10} {a:>18} {sec * 1e6:>10.2f} "
                       f"{algbw:>11.3f} {algbw * (n - 1) / n:>11.3f} {wrong:>6} "
                       f"{t.bytes_sent:>10} {t.steps:>5}")  # fmt: skip
-        size *= args.stepfactor
     return 0
 
 
@@ -118,3 +125,9 @@ def _call(command: str, send: np.ndarray, recv: np.ndarray, algorithm: str):
     if command == "reduce_scatter":
         return lambda: ringmpi.Reduce_scatter_block(send, recv, algorithm=algorithm)
     return lambda: ringmpi.Allgather(send, recv, algorithm=algorithm)
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("reduce_scatter", "allgather")

@@ -9,7 +9,6 @@ against ``np.copyto``; figures and their commands: docs/performance.md.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numba
@@ -21,7 +20,8 @@ from ringmpi._half import HALF_NAMES
 from ringmpi._ops import OP_SUM, combine_by_code
 from ringmpi.kernels import _OPS, HALF_OPS, reduction
 
-from . import prog
+from . import command_parser
+from ._units import format_size, parse_size, whole
 
 __all__ = ["main"]
 
@@ -69,7 +69,9 @@ def _bench(nbytes: int, reps: int) -> None:
             t0 = time.perf_counter()
             rows[name][0]()
             times[name].append(time.perf_counter() - t0)
-    print(f"float32, {nbytes / 2**20:.0f} MiB, median of {reps}; GB/s counts reads + writes")
+    print(
+        f"float32, {format_size(nbytes, long=True)}, median of {reps}; GB/s counts reads + writes"
+    )
     medians = {name: float(np.median(ts)) for name, ts in times.items()}
     for name, med in medians.items():
         print(f"  {name:<22}{med * 1e3:9.3f} ms {rows[name][1] / med / 1e9:8.1f} GB/s")
@@ -79,17 +81,17 @@ def _bench(nbytes: int, reps: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Warm the cache (``--warm``) or run the kernel benchmark; the exit status."""
-    parser = argparse.ArgumentParser(
-        prog=prog("kernels"),
-        description="Warm Numba's cache for every (op, dtype), or benchmark the SUM and copy "
-        "kernels.",
-    )
+    parser = command_parser("kernels", __doc__)
     parser.add_argument(
         "--warm", action="store_true", help="compile every (op, dtype) and every compiled loop"
     )
-    parser.add_argument("--bytes", type=int, default=16 * 2**20, help="benchmark size")
-    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument(
+        "--bytes", type=parse_size, default=16 << 20, help="benchmark size, e.g. 64K, 16M"
+    )
+    parser.add_argument("--reps", type=whole(1), default=50, help="timed calls of each kernel")
     args = parser.parse_args(argv)
+    if args.bytes < 4:
+        parser.error(f"--bytes {args.bytes}: at least 4 (one float32)")
     if args.warm:
         t0 = time.perf_counter()
         n = _warm()
@@ -97,3 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _bench(args.bytes, args.reps)
     return 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("kernels")

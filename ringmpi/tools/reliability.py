@@ -24,7 +24,6 @@ report of a killed process names its PID (MPICH's) or rank (Open MPI's).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -36,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import prog, shm
+from . import command_parser, shm
 
 __all__ = ["ALGORITHMS", "FAULTS", "Outcome", "launch", "main"]
 
@@ -240,9 +239,11 @@ def _replace(doc: str, name: str, text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog=prog("reliability"), description=__doc__)
+    p = command_parser("reliability", __doc__)
     p.add_argument("--write", metavar="FILE", help="replace the tables in FILE (between markers)")
-    p.add_argument("--timeout", type=float, default=TIMEOUT, help=f"RINGMPI_TIMEOUT ({TIMEOUT})")
+    p.add_argument(
+        "--timeout", type=float, default=TIMEOUT, help="RINGMPI_TIMEOUT of the fault jobs, seconds"
+    )
     p.add_argument("--big", action="store_true",
                    help=f"also all-reduce {BIG / 2**30:.1f} GiB of int8 per algorithm at 2 ranks "
                    "(about 3 minutes, 6 GiB of memory)")  # fmt: skip
@@ -280,3 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     bad = [r for r in rows if r["family"] == "mismatch" and (r["returned"] or not r["intact"])]
     bad += [r for r in rows if r.get("wrong") or r.get("right") is False or r.get("wraps") is False]
     return 0 if all(o.ok for o in outcomes) and not bad else 1
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("reliability")

@@ -23,13 +23,12 @@ result.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import prog
+from . import command_parser
 from ._units import format_size
 
 __all__ = ["Line", "main", "merge", "render", "versus"]
@@ -271,12 +270,18 @@ def plot(lines: list[Line], path: str) -> None:
     plt.close(fig)
 
 
+def _many(n: int, one: str, more: str) -> str:
+    return f"{n} {one if n == 1 else more}"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("report"),
-        description="Merge python -m ringmpi.allreduce --json results into one table.",
+    parser = command_parser("report", __doc__)
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE.json",
+        help="what python -m ringmpi.allreduce --json wrote",
     )
-    parser.add_argument("files", nargs="+", metavar="FILE.json")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
     parser.add_argument(
         "--plot", metavar="OUT.png", help="also draw busbw and time against size (matplotlib)"
@@ -304,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             plot_versus(libraries, table, args.plot, title)
         wrong = sum(max(line.wrong, 0) for line in lines)
-        print(f"\n{len(table)} sizes, {len(libraries)} libraries; wrong elements in total: {wrong}")
+        print(
+            f"\n{_many(len(table), 'size', 'sizes')}, "
+            f"{_many(len(libraries), 'library', 'libraries')}; wrong elements in total: {wrong}"
+        )
         return 1 if wrong else 0
     sys.stdout.write(render(lines, markdown=args.markdown))
     wrong = sum(max(line.wrong, 0) for line in lines)
@@ -314,3 +322,9 @@ def main(argv: list[str] | None = None) -> int:
         plot(lines, args.plot)
         print(f"{'' if args.markdown else '# '}plot written to {args.plot}")
     return 1 if wrong else 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("report")

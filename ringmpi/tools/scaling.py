@@ -40,8 +40,8 @@ from typing import Any
 
 from ringmpi import algorithms, tuning
 
-from . import prog
-from ._units import format_size, parse_size
+from . import command_parser
+from ._units import format_size, parse_size, sweep, whole
 
 __all__ = ["FABRIC", "Fabric", "busbw", "check", "costs_for", "fit_fabric", "lower_bound", "main",
            "pingpong", "predict", "predict_grid", "simulate_grid"]  # fmt: skip
@@ -419,10 +419,7 @@ def pingpong(path: str, minbytes: int, maxbytes: int, rounds: int, argv: list[st
     if comm.Get_size() != 2:
         raise SystemExit("--pingpong runs on exactly 2 ranks (one per host)")
     rank = comm.Get_rank()
-    sizes, s = [], minbytes
-    while s <= maxbytes:
-        sizes.append(s)
-        s *= 4
+    sizes = sweep(minbytes, maxbytes, 4)
     bufs = {n: np.zeros(n, np.uint8) for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for i in range(rounds + 1):
@@ -486,22 +483,35 @@ def _fabric(args: argparse.Namespace) -> Fabric:
     return fabric
 
 
+# The flags that one mode alone reads: {dest: (the flag, the mode, its default)}.
+_ONLY = {
+    "nodes": ("--nodes", "simulate", ",".join(map(str, NODES))),
+    "minbytes": ("-b/--minbytes", "pingpong", 8),
+    "maxbytes": ("-e/--maxbytes", "pingpong", 16 << 20),
+    "rounds": ("--rounds", "pingpong", 15),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("scaling"),
-        description="Predict time and busbw of ring, hierarchical and recursive doubling from "
-        "64 to 4,096 ranks with the cost model; check it against measured runs; measure the "
-        "fabric's alpha and beta (--pingpong, under mpirun -n 2).",
-    )
+    parser = command_parser("scaling", __doc__)
     parser.add_argument(
         "--tuning",
         metavar="FILE",
         help="in-node constants (python -m ringmpi tune); default: untuned",
     )
     parser.add_argument("--fabric", metavar="FILE", help="alpha and beta from --pingpong")
-    parser.add_argument("--alpha", type=float, help="fabric seconds per message (overrides)")
-    parser.add_argument("--beta", type=float, help="fabric seconds per byte (overrides)")
-    parser.add_argument("--ranks-per-node", type=int, default=PER_NODE)
+    parser.add_argument(
+        "--alpha", type=float, help=f"fabric seconds per message (default {FABRIC.alpha:g})"
+    )
+    parser.add_argument(
+        "--beta", type=float, help=f"fabric seconds per byte (default {FABRIC.beta:g})"
+    )
+    parser.add_argument(
+        "--ranks-per-node",
+        type=whole(1),
+        default=PER_NODE,
+        help="ranks per node of the modelled nodes",
+    )
     parser.add_argument(
         "--shared-nic",
         action="store_true",
@@ -525,15 +535,29 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replay the plans in SimGrid (the simulate extra) for 8 B to 256 MiB",
     )
+    # The flags of one mode, with no default here: given without their mode, they are
+    # refused (they would do nothing); the defaults come after.
     parser.add_argument(
-        "--nodes",
-        default=",".join(map(str, NODES)),
-        help="--simulate: comma-separated node counts (8,16,...,512)",
+        "--nodes", help=f"--simulate: comma-separated node counts (default {_ONLY['nodes'][2]})"
     )
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=16 << 20)
-    parser.add_argument("--rounds", type=int, default=15, help="ping-pong rounds")
+    parser.add_argument(
+        "-b", "--minbytes", type=parse_size, help="--pingpong: smallest size (default 8)"
+    )
+    parser.add_argument(
+        "-e", "--maxbytes", type=parse_size, help="--pingpong: largest size (default 16M)"
+    )
+    parser.add_argument("--rounds", type=whole(1), help="--pingpong: rounds (default 15)")
     args = parser.parse_args(argv)
+    for dest, (flag, mode, default) in _ONLY.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+        elif not getattr(args, mode):
+            parser.error(f"{flag} applies to --{mode} only: without it, nothing reads it")
+    if args.pingpong:
+        try:
+            sweep(args.minbytes, args.maxbytes, 4)
+        except ValueError as exc:
+            parser.error(str(exc))
     argv = sys.argv[1:] if argv is None else argv
     if args.pingpong:
         pingpong(args.pingpong, args.minbytes, args.maxbytes, args.rounds, argv)
@@ -643,3 +667,9 @@ def _pyplot():
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     return plt
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("scaling")

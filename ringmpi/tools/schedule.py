@@ -7,7 +7,6 @@ emulated nodes of K ranks, ``--plot`` its picture).
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 
 from ringmpi import algorithms, plans, tuning
@@ -21,7 +20,8 @@ from ringmpi.schedule import (
     ring_steps,
 )
 
-from . import prog
+from . import command_parser
+from ._args import parse_count
 
 __all__ = ["Cost", "main", "plot_hierarchical", "simulate_hierarchical", "simulate_naive",
            "simulate_ring"]  # fmt: skip
@@ -225,13 +225,13 @@ def _cost_table(nranks: int, count: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("schedule"),
-        description="Print the ring all-reduce step table and its counted cost for N ranks.",
-    )
+    parser = command_parser("schedule", __doc__)
     parser.add_argument("nranks", type=int, help="ring size N")
     parser.add_argument(
-        "--count", type=int, default=None, help="buffer elements to simulate (default 1024*N)"
+        "--count",
+        type=parse_count,
+        default=None,
+        help="buffer elements to simulate, e.g. 1000, 1K, 4M (default 1024*N)",
     )
     parser.add_argument("--no-steps", action="store_true", help="print only the cost table")
     parser.add_argument(
@@ -240,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="K",
         help="also print the hierarchical plan for emulated nodes of K ranks",
     )
-    parser.add_argument("--node-placement", choices=("block", "cyclic"), default="block")
+    parser.add_argument(
+        "--node-placement",
+        choices=("block", "cyclic"),
+        default="block",
+        help="emulated nodes take consecutive ranks (block) or every M-th rank (cyclic)",
+    )
     parser.add_argument("--across", choices=ACROSS_CHOICES, default="auto",
                         help="the hierarchical plan's phase across nodes (auto: the cost "
                         "model's choice for each slice's bytes, one byte an element)")  # fmt: skip
@@ -264,3 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
     print(_cost_table(args.nranks, count))
     return 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("schedule")

@@ -20,7 +20,6 @@ running job, nor another program's files.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -28,7 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import prog
+from . import command_parser
 
 __all__ = ["in_use", "main", "names", "remove_new", "stale", "swept"]
 
@@ -121,22 +120,28 @@ def swept(shm: Path = SHM, linger: float = 3.0, own: bool = False) -> Iterator[l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog("shm"), description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))  # fmt: skip
+    parser = command_parser("shm", __doc__)
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--remove", action="store_true", help="remove the stale segments")
     what.add_argument("--snapshot", metavar="FILE", type=Path,
                       help="write the names /dev/shm holds now to FILE (JSON)")  # fmt: skip
     what.add_argument("--since", metavar="FILE", type=Path,
                       help="exit 1 if a stale segment appeared since --snapshot FILE")  # fmt: skip
-    parser.add_argument("--dir", type=Path, default=SHM, help="the directory (default /dev/shm)")
+    parser.add_argument("--dir", type=Path, default=SHM, help="the directory")
     args = parser.parse_args(argv)
+    if not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: no such directory")
     if args.snapshot:
-        args.snapshot.write_text(json.dumps(sorted(names(args.dir))))
+        try:
+            args.snapshot.write_text(json.dumps(sorted(names(args.dir))))
+        except OSError as exc:
+            parser.error(f"--snapshot: {exc}")
         return 0
     if args.since:
-        before = set(json.loads(args.since.read_text()))
+        try:
+            before = set(json.loads(args.since.read_text()))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--since {args.since}: not a --snapshot file ({exc})")
         left = stale(args.dir, names(args.dir) - before)
         if left:
             print(f"{len(left)} stale segment(s) appeared in {args.dir}: {', '.join(left)}")
@@ -152,3 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print(f"{args.dir}: no stale segment")
     return 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("shm")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-from . import prog
-from ._units import format_size, parse_size
+from . import command_parser
+from ._units import format_size, parse_size, whole
 
 __all__ = ["chrome", "draw", "main"]
 
@@ -114,14 +113,17 @@ def draw(spans: list[list[dict]], path: str, title: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("trace"), description=__doc__.split("\n\n")[0],
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("-a", "--algorithm", default="ring", help="the algorithm (default ring)")
-    p.add_argument("-b", "--bytes", default="1M", type=parse_size,
-                   help="the buffer's size, e.g. 8, 64K, 16M (default 1M)")  # fmt: skip
-    p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype (default float32)")
-    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    p = command_parser("trace", __doc__)
+    p.add_argument("-a", "--algorithm", default="ring", help="the algorithm")
+    p.add_argument(
+        "-b",
+        "--bytes",
+        default=1 << 20,
+        type=parse_size,
+        help="the buffer's size, e.g. 8, 64K, 16M",
+    )
+    p.add_argument("-d", "--datatype", default="float32", help="NumPy dtype")
+    p.add_argument("-w", "--warmup", type=whole(0), default=3, help="untimed calls first")
     p.add_argument("--ranks-per-node", type=int, metavar="K",
                    help="emulate nodes of K ranks (RINGMPI_RANKS_PER_NODE)")  # fmt: skip
     p.add_argument("--plot", metavar="FILE", help="write the timeline as a PNG")
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if comm.Get_rank() != 0:
         return 0
     assert spans is not None
-    title = (f"{args.algorithm}, {format_size(count * dtype.itemsize)} of {dtype.name}, "
+    title = (f"{args.algorithm}, {format_size(count * dtype.itemsize, long=True)} of {dtype.name}, "
              f"{comm.Get_size()} ranks"
              + (f", nodes of {args.ranks_per_node}" if args.ranks_per_node else ""))  # fmt: skip
     for rank, ss in enumerate(spans):
@@ -182,5 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if wrong else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("trace")

@@ -13,7 +13,6 @@ and memory of that layout).
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import socket
@@ -30,8 +29,8 @@ from ringmpi.algorithms.hierarchical import layout
 from ringmpi.algorithms.registry import TermsFn
 from ringmpi.kernels import reduction
 
-from . import prog
-from ._units import parse_size
+from . import command_parser
+from ._units import parse_size, sweep, whole
 
 __all__ = ["fit", "main", "measure"]
 
@@ -131,24 +130,22 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog=prog("tune"),
-        description="Measure the cost model's constants on this machine and layout; write them "
-        "as JSON for RINGMPI_TUNING.",
-    )
+    parser = command_parser("tune", __doc__)
     parser.add_argument("-o", "--output", default="ringmpi-tuning.json", help="the JSON file")
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20)
-    parser.add_argument("-f", "--stepfactor", type=int, default=4)
-    parser.add_argument("-n", "--iters", type=int, default=20, help="calls per size (at most)")
-    parser.add_argument("--budget", type=float, default=1.0, help="seconds per size (about)")
+    parser.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
+    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest size")
+    parser.add_argument("-f", "--stepfactor", type=whole(1), default=4, help="size multiplier")
+    parser.add_argument("-n", "--iters", type=whole(1), default=20, help="calls per size, at most")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds per size, about")
     comm = MPI.COMM_WORLD
     abort_on_error(comm)
     args = parser.parse_args(argv)
-    sizes, s = [], args.minbytes
-    while s <= args.maxbytes:
-        sizes.append(s)
-        s *= args.stepfactor
+    try:
+        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.budget <= 0:
+        parser.error(f"--budget {args.budget}: more than 0 seconds")
     ctx = context(comm)
     lay = layout(ctx)
     measured = measure(comm, sizes, args.iters, args.budget)
@@ -179,3 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {m['bytes']:>10} {m['algorithm']:>19} {m['seconds'] * 1e6:10.1f} {pred}")
         print(f"# written to {args.output}; use it with RINGMPI_TUNING={args.output}")
     return 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("tune")

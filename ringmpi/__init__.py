@@ -59,17 +59,16 @@ _WHERE = {
     "abort_on_error": "_errors",
     "allreduce": "_api",
     "allreduce_many": "buckets",
-    "configure": "_settings",
-    "configured": "_settings",
+    "configure": "_api",  # which loads the registry, whose names configure checks
+    "configured": "_api",
     "trace": "_trace",
     "warm": "_api",
 }
 
 if TYPE_CHECKING:
-    from ._api import Allreduce, Comm, Iallreduce, allreduce, warm
+    from ._api import Allreduce, Comm, Iallreduce, allreduce, configure, configured, warm
     from ._errors import RingMPIError, UnsupportedError, abort_on_error
     from ._halves import Allgather, Reduce_scatter, Reduce_scatter_block
-    from ._settings import configure, configured
     from ._trace import Trace, trace
     from .buckets import allreduce_many
     from .kernels import AVG

@@ -14,10 +14,13 @@ from ._buffers import _as_array, _kind
 from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context, polled, ready
 from ._errors import RingMPIError, UnsupportedError
+from ._settings import configure, configured
 from .algorithms import tuner
 from .kernels import AVG, Reduction, reduction
 
-__all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "warm"]
+# configure and configured are the settings' (the API names them from here, where the
+# registry that checks an algorithm's name is loaded).
+__all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "configure", "configured", "warm"]
 
 
 def Allreduce(

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["Settings", "configure", "configured", "current", "parse_seconds", "using"]
+__all__ = [
+    "Settings", "check_with", "configure", "configured", "current", "parse_seconds", "using",
+]  # fmt: skip
 
 PLACEMENTS = ("block", "cyclic")
 STORES = ("auto", "cached", "streaming")
@@ -83,21 +85,11 @@ def _one_of(options: tuple[str, ...]):
 
 
 def _algorithm(value: object, says: str) -> str:
-    text = _text(value) if value not in (None, "") else "auto"
-    if text != "auto":  # the registry's names (loaded here, not at import: it loads Numba)
-        from .algorithms import lookup  # noqa: PLC0415
-
-        lookup(text, says)
-    return text
+    return _text(value) if value not in (None, "") else "auto"
 
 
 def _tuning_file(value: object, says: str) -> str:
-    path = _text(value) if value not in (None, "") else ""
-    if path:  # read now, so that a missing or bad file is named where it is given
-        from .tuning import check_file  # noqa: PLC0415
-
-        check_file(path, says)
-    return path
+    return _text(value) if value not in (None, "") else ""
 
 
 def _tuner(value: object, says: str) -> str:
@@ -165,7 +157,21 @@ class Settings:
             if name not in known:
                 raise TypeError(f"unknown setting {name!r} (known: {', '.join(known)})")
             parsed[name] = known[name].metadata["parse"](value, says(name))
+            check = _CHECKS.get(name)
+            if check is not None and parsed[name] != known[name].default:
+                check(parsed[name], says(name))
         return replace(self, **parsed)
+
+
+# Checks of values that only other modules can judge (the registry's names, a tuning
+# file), which those modules register: this one imports nothing of the package.
+_CHECKS: dict[str, Callable[[Any, str], object]] = {}
+
+
+def check_with(name: str, check: Callable[[Any, str], object]) -> None:
+    """Check every value given for setting ``name`` (from the environment or from
+    code) with ``check(value, says)``, which raises ValueError naming ``says``."""
+    _CHECKS[name] = check
 
 
 _now: list[Settings | None] = [None]

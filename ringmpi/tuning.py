@@ -32,7 +32,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 
-from ._settings import current
+from ._settings import check_with, current
 
 __all__ = [
     "CROWDED",
@@ -186,6 +186,9 @@ def load(per_node: int = _SMALL) -> Costs:
 def check_file(path: str, says: str) -> None:
     """ValueError, naming ``says``, unless ``path`` is a readable tuning file."""
     _read(path, _SMALL, says)
+
+
+check_with("tuning", check_file)  # a file named from code or the environment is read there
 
 
 def _read(path: str, per_node: int, says: str) -> Costs:

@@ -104,6 +104,9 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     return found.for_half if half else found
 
 
+# A name given for the algorithm setting (configure, RINGMPI_ALGORITHM) is checked there.
+_settings.check_with("algorithm", lookup)
+
 # The tuner leaves the library's MPI_Allreduce out from 2 GiB: counts from 2^31 are
 # refused by Open MPI 5.0 and summed wrong by Intel MPI 2021 (tests/test_mpi_stress.py).
 _LIBRARY_MAX_BYTES = 1 << 31

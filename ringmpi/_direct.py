@@ -63,7 +63,7 @@ from ._capi import (
 )
 
 __all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "install",
-           "number", "run_cells", "warm"]  # fmt: skip
+           "number", "run_cells", "slot", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -238,6 +238,12 @@ class _Entries:
         _kept.clear()
 
 
+def slot(recvbuf: Any) -> int:
+    """The slot of the table a call on ``recvbuf`` (by its address) is remembered in:
+    one call per slot, so calls whose recvbufs share a slot evict each other's."""
+    return (id(recvbuf) >> 4) & (_SLOTS - 1)
+
+
 def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
             settings: _settings.Settings) -> None:  # fmt: skip
     """Run later ``Allreduce(sendbuf, recvbuf, op, comm)`` calls with these very
@@ -253,17 +259,17 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
     method = holder.method
     if method.meth != compiled(_call):
         method.meth = compiled(_call)
-    slot = (id(recvbuf) >> 4) & (_SLOTS - 1)
-    base = _HEADER + _WIDTH * slot
+    at = slot(recvbuf)
+    base = _HEADER + _WIDTH * at
 
-    def gone(_ref: Any, slot: int = slot, recv: int = id(recvbuf)) -> None:
+    def gone(_ref: Any, slot: int = at, recv: int = id(recvbuf)) -> None:
         if holder[_HEADER + _WIDTH * slot + RECV] == recv:  # not taken by another since
             holder[_HEADER + _WIDTH * slot : _HEADER + _WIDTH * (slot + 1)] = 0
             _kept.pop(slot, None)
 
     refs = (weakref.ref(recvbuf, gone), None if in_place else weakref.ref(sendbuf, gone))
     holder[base : base + _WIDTH] = 0
-    _kept[slot] = (refs, op, comm, settings, cells)
+    _kept[at] = (refs, op, comm, settings, cells)
     send = recvbuf if in_place else sendbuf
     holder[base + SEND : base + _WIDTH] = [
         id(sendbuf), id(op), id(comm), id(recvbuf.dtype), id(send.dtype), recvbuf.ndim,

@@ -36,7 +36,6 @@ def ringmpi(*args: str) -> subprocess.CompletedProcess:
 # The public modules, each with the commands its tail names (none: it points to the list).
 # The entries that are programs: ringmpi/__main__.py and ringmpi/allreduce.py.
 _PROGRAMS = {"ringmpi/__main__.py", "ringmpi/allreduce.py"}
-_NO_TAIL = {"ringmpi/tools/allreduce.py"}
 
 
 def _public_modules() -> list:
@@ -45,10 +44,7 @@ def _public_modules() -> list:
         name = str(path.relative_to(ROOT))
         if path.name.startswith("_") or name in _PROGRAMS:
             continue
-        marks = (
-            [pytest.mark.xfail(strict=True, reason="no __main__ tail")] if name in _NO_TAIL else []
-        )
-        found.append(pytest.param(path, id=name, marks=marks))
+        found.append(pytest.param(path, id=name))
     return found
 
 
@@ -253,12 +249,7 @@ def _mpirun() -> list[str]:
         (["-m", "ringmpi", "reduce_scatter", "--help"], 0, "usage: python -m ringmpi reduce_"),
         (["-m", "ringmpi", "schedule", "4", "--count", "x"], 2, "error: argument --count"),
         (["-m", "ringmpi.kernels"], 2, "the tool is `python -m ringmpi kernels`"),
-        pytest.param(
-            ["-m", "ringmpi.allreduce", "--help"],
-            0,
-            "usage: python -m ringmpi.allreduce",
-            marks=pytest.mark.xfail(strict=True, reason="argparse's own parser class"),
-        ),
+        (["-m", "ringmpi.allreduce", "--help"], 0, "usage: python -m ringmpi.allreduce"),
     ],
 )
 def test_under_mpirun_help_and_errors_are_said_once(args, status, said):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 from ringmpi._program import launcher_rank
 
@@ -69,11 +69,11 @@ class ArgumentParser(argparse.ArgumentParser):
                 kwargs[key] = plain(kwargs[key])
         super().__init__(*args, **kwargs)
 
-    def print_usage(self, file: IO[str] | None = None) -> None:
+    def print_usage(self, file: Any = None) -> None:
         if launcher_rank() == 0:
             super().print_usage(file)
 
-    def print_help(self, file: IO[str] | None = None) -> None:
+    def print_help(self, file: Any = None) -> None:
         if launcher_rank() == 0:
             super().print_help(file)
 

@@ -40,13 +40,14 @@ from ringmpi.kernels import AVG, OPS, op_from_name, reduction
 from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _plot, prog
+from ._args import ArgumentParser
 from ._units import format_size, parse_size, sweep, whole
 
 __all__ = ["main"]
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog=name,
         description="Benchmark and verify all-reduce algorithms (run under mpirun).",
     )
@@ -167,10 +168,10 @@ def _views(array: np.ndarray, n: int) -> list[np.ndarray]:
     evict each other's call at every call and time the slower path."""
     views: list[np.ndarray] = []
     taken: set[int] = set()
-    spare = []  # held until the views are chosen, so that no address comes again
+    spare: list[np.ndarray] = []  # held until the views are chosen: no address comes again
     while len(views) < n:
         view = array.view()
-        slot = (id(view) >> 4) & (_direct._SLOTS - 1)
+        slot = _direct.slot(view)
         (spare if slot in taken else views).append(view)
         taken.add(slot)
     return views
@@ -237,8 +238,8 @@ def _cores(ctx: Context) -> dict:
     """The busiest node (most ranks per core): its ranks, its cores online, and the
     cores its ranks may run on (the union of their affinities), collectively."""
     online = os.sysconf("SC_NPROCESSORS_ONLN")
-    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(online)
-    usable = len(set().union(*ctx.node.allgather(sorted(mine))))
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(online)
+    usable = len(set().union(*ctx.node.allgather(sorted(cpus))))
     ranks = ctx.node.Get_size()
     mine = (ranks / usable, ranks, online, usable) if ctx.node.Get_rank() == 0 else None
     _, ranks, online, usable = max(n for n in ctx.comm.allgather(mine) if n is not None)
@@ -478,7 +479,7 @@ def _window_note(ctx: Context, nbytes: int) -> str | None:
     return f"window stores: {way} (fastest trial call: {timed})"
 
 
-def _write(args: argparse.Namespace, header: dict, rows: list[dict], drawn: tuple,
+def _write(args: argparse.Namespace, header: dict, rows: list[dict], drawn: tuple[int, int],
            argv: list[str] | None, command: str) -> list[str]:  # fmt: skip
     """Write ``--json`` and ``--plot`` (rank 0); what could not be written, by flag."""
     failed = []
@@ -659,7 +660,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                     print(f"#   {row['window']}")
                 sys.stdout.flush()
 
-    drawn = ()
+    drawn: tuple[int, int] = (0, 0)
     if args.plot:  # the layout the cost model is drawn for (collective on first use)
         lay = layout(ctx)
         drawn = (lay.nodes, lay.slices)
@@ -676,3 +677,9 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     if total_wrong:
         return 1
     return EXIT_OUTPUT if failed else 0
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program("allreduce")

@@ -7,8 +7,8 @@ with ``bash -c``, its text unchanged, in the environment the README tells users 
 venv of this interpreter), in a scratch copy of the repository, so that the files they
 write (out.png, tuning.json, results/...) never touch the checkout. A page's commands run
 in page order: what one sets (``export``, ``A=...``, an activation) holds for the next,
-and what one writes is there for the next. Each must exit 0, and report 0 wrong elements
-where it reports them.
+and what one writes is there for the next; a command an earlier page ran with the same
+settings runs once. Each must exit 0, and report 0 wrong elements where it reports them.
 
 A command that cannot run here, or takes over a minute at 2-4 ranks, is in SKIPPED with
 the reason; every other command runs, so a page cannot gain a command that is neither.
@@ -44,6 +44,9 @@ _TEMPLATE = "a template: its placeholders (N, P, $CACHE, [...]) are for the read
 SKIPPED: dict[str, str] = {
     # the set-up and the suite
     "make run": _SUITE,
+    "NUMBA_CACHE_DIR=$(mktemp -d) make run": (
+        "make run remakes the venv where pyproject.toml is newer; its sweep is run above"
+    ),
     "make test": _SUITE + "; about 38 minutes",
     "make test MPI=openmpi": _ANOTHER_FAMILY,
     "make test MPI=impi": _ANOTHER_FAMILY,
@@ -282,10 +285,13 @@ _START_ENV = dict(os.environ)  # as the session started (a test may set a variab
 
 def _activated(scratch: Path) -> dict[str, str]:
     """The session's environment after ``. .venv/bin/activate``; auto's online tuner on,
-    as a user has it, keeping its choices in the scratch copy, not the user's cache."""
+    as a user has it, keeping its choices in the scratch copy, not the user's cache;
+    temporary files in the copy too."""
     venv = _venv()
     env = dict(_START_ENV)
     env["RINGMPI_TUNER"] = str(scratch / ".tuner")
+    (scratch / ".tmp").mkdir(exist_ok=True)
+    env["TMPDIR"] = str(scratch / ".tmp")  # what $(mktemp -d) makes goes with the copy
     env.pop("PYTHONHOME", None)
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"

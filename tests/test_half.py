@@ -266,4 +266,4 @@ def test_cli_refuses_algorithms_that_round_twice():
 
     p = run(2, "-d", "bfloat16", "-a", "ring,mpi", "-b", "8", "-e", "8")
     assert p.returncode == 2
-    assert "mpi cannot reduce sum on bfloat16 with one rounding" in p.stderr
+    assert "algorithm: 'mpi' cannot reduce sum on bfloat16 with one rounding" in p.stderr

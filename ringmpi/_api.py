@@ -321,19 +321,19 @@ class Comm(MPI.Intracomm):
         return Iallreduce(sendbuf, recvbuf, op, self)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        if _small_halve(sendbuf, recvbuf, op):
-            return _LIBRARY_RSB(self, sendbuf, recvbuf, op)  # latency-bound: as auto would
+        if _TO_LIBRARY(self, "Reduce_scatter_block", sendbuf, recvbuf, op):
+            return _LIBRARY_RSB(self, sendbuf, recvbuf, op)  # as auto would, in one test
         _halves.Reduce_scatter_block(sendbuf, recvbuf, op, self)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                        op: Any = MPI.SUM) -> None:  # fmt: skip
-        if _small_halve(sendbuf, recvbuf, op):
+        if _TO_LIBRARY(self, "Reduce_scatter", sendbuf, recvbuf, op):
             return _LIBRARY_RS(self, sendbuf, recvbuf, recvcounts, op)  # as auto would
         _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        if _small_halve(MPI.IN_PLACE, recvbuf, MPI.SUM):
-            return _LIBRARY_ALLGATHER(self, sendbuf, recvbuf)  # latency-bound: as auto would
+        if _TO_LIBRARY(self, "Allgather", None, recvbuf):
+            return _LIBRARY_ALLGATHER(self, sendbuf, recvbuf)  # as auto would, in one test
         _halves.Allgather(sendbuf, recvbuf, self)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:
@@ -355,17 +355,9 @@ def _reduces(op: Any, dtype: np.dtype) -> bool:
 
 _LIBRARY_ALLGATHER = MPI.Intracomm.Allgather
 _LIBRARY_RSB, _LIBRARY_RS = MPI.Intracomm.Reduce_scatter_block, MPI.Intracomm.Reduce_scatter
-
-
-def _small_halve(sendbuf: Any, recvbuf: Any, op: Any) -> bool:
-    """Whether auto would hand a reduce-scatter or all-gather on these buffers straight
-    to the library (:func:`ringmpi._halves._small`), checked in the wrapper's own
-    methods: what they add to a small call is then one test (two in a trace, which
-    counts the call)."""
-    if _halves._small(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, op):
-        _halves._trace_call("mpi")
-        return True
-    return False
+# Whether auto hands a reduce-scatter or all-gather straight to the library: the
+# wrapper's methods ask first, so that what they add to such a call is one test.
+_TO_LIBRARY = _halves._to_library
 
 
 # --- internals -----------------------------------------------------------------

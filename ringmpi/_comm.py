@@ -288,6 +288,7 @@ def _delete(comm: MPI.Comm, keyval: int, ctx: Context) -> None:
 
 
 def _finalizing(comm: MPI.Comm, keyval: int, value: object) -> None:
+    _live[0] = False
     _cache.changed()
 
 
@@ -310,8 +311,20 @@ def check_comm(comm: object) -> MPI.Intracomm:
 
 
 def running() -> bool:
-    """Whether MPI is initialized and not finalized (a call otherwise aborts the process)."""
-    return MPI.Is_initialized() and not MPI.Is_finalized()
+    """Whether MPI is initialized and not finalized (a call otherwise aborts the
+    process): asked of MPI until it runs, then known until MPI_Finalize says so."""
+    if _live[0]:
+        return True
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return False
+    # MPI_Finalize deletes COMM_SELF's attributes first: then every remembered call is
+    # forgotten, so that a later call takes the full path, which asks MPI again.
+    MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
+    _live[0] = True
+    return True
+
+
+_live = [False]  # MPI seen running, and not finalized since
 
 
 def not_running() -> RingMPIError:
@@ -340,9 +353,6 @@ def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
     global _keyval
     if _keyval is None:
         _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
-        # MPI_Finalize deletes COMM_SELF's attributes first: every remembered call is
-        # then forgotten, so that a later call takes the full path, which refuses it.
-        MPI.COMM_SELF.Set_attr(MPI.Comm.Create_keyval(delete_fn=_finalizing), True)
     # (mpi4py's stub types attribute values as a predefined attribute's int)
     ctx = cast("Context | None", comm.Get_attr(_keyval))
     if ctx is None:

@@ -84,12 +84,9 @@ def _one_of(options: tuple[str, ...]):
     return parse
 
 
-def _algorithm(value: object, says: str) -> str:
-    return _text(value) if value not in (None, "") else "auto"
-
-
-def _tuning_file(value: object, says: str) -> str:
-    return _text(value) if value not in (None, "") else ""
+def _text_or(default: str):
+    """A text; None or empty for ``default`` (what the registered check judges)."""
+    return lambda value, says: _text(value) if value not in (None, "") else default
 
 
 def _tuner(value: object, says: str) -> str:
@@ -117,8 +114,8 @@ def _setting(default: object, parse, doc: str):
 class Settings:
     """Every setting, checked. Field ``x`` is environment variable ``RINGMPI_X``."""
 
-    algorithm: str = _setting("auto", _algorithm, "what auto resolves to (a registry name)")
-    tuning: str = _setting("", _tuning_file, "a tuning file for auto's cost model")
+    algorithm: str = _setting("auto", _text_or("auto"), "what auto resolves to (a registry name)")
+    tuning: str = _setting("", _text_or(""), "a tuning file for auto's cost model")
     ranks_per_node: int | None = _setting(None, _count, "emulated nodes of this many ranks")
     node_placement: str = _setting("block", _one_of(PLACEMENTS), "emulated nodes: block or cyclic")
     validate: bool = _setting(False, lambda v, s: _switch(v), "check that the ranks agree first")

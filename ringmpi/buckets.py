@@ -42,6 +42,7 @@ call per array and one ``MPI_Allreduce`` per array (docs/performance.md).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import weakref
 from collections.abc import Sequence
@@ -140,6 +141,9 @@ class _Plan:
     digest: int  # 63 bits of the signature's hash: what the ranks compare
     signature: tuple  # what the ranks compare, in words, when the digests differ
     buckets: list[_Bucket]
+    # The arrays of the last call found apart (no two sharing memory), by weak
+    # reference: a loop that passes the same arrays again is not checked again.
+    apart: list[weakref.ref] | None = None
 
 
 _plans: Bounded[tuple, _Plan] = Bounded(_PLANS_KEPT)
@@ -159,13 +163,18 @@ def _prepare(
     for i, v in enumerate(views):
         if not v.flags.writeable:
             raise ValueError(f"arrays[{i}] is read-only ({type(arrays[i]).__name__})")
-    _check_apart(arrays, views)
     op_key = MPI._handleof(op) if isinstance(op, MPI.Op) else id(op)
     key = (tuple((v.shape, v.dtype) for v in views), op_key, int(bucket_bytes), algorithm,
            ordered)  # fmt: skip
     plan = _plans.get(key)
     if plan is None:
         plan = _plans.put(key, _make_plan(views, op, int(bucket_bytes), algorithm, ordered))
+    apart = plan.apart
+    if apart is None or not all(r() is a for r, a in zip(apart, arrays, strict=True)):
+        plan.apart = None
+        _check_apart(arrays, views)
+        with contextlib.suppress(TypeError):  # no weak reference to a bytearray: every call
+            plan.apart = [weakref.ref(a) for a in arrays]
     return views, plan
 
 

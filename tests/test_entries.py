@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ringmpi.tools import report
-from ringmpi.tools._args import parse_count, plain
+from ringmpi.tools._args import plain
 from ringmpi.tools._registry import _registry
-from ringmpi.tools._units import format_size
+from ringmpi.tools._units import format_size, parse_count
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ from typing import Any, NoReturn
 
 from ringmpi._program import launcher_rank
 
-from ._units import format_size, parse_size
+from ._units import format_size, parse_size, sweep, whole
 
-__all__ = ["ArgumentParser", "parse_count", "plain"]
+__all__ = ["ArgumentParser", "plain"]
 
 # reST in the module docstrings that become descriptions: a role (:func:`~a.b`),
 # literal text (``x``), a literal block's "::" and emphasis (*word*).
@@ -27,14 +27,6 @@ def plain(text: str) -> str:
     text = _LITERAL.sub(r"`\1`", text)
     text = _BLOCK.sub(r"\1:", text)
     return _EMPHASIS.sub(r"\1", text)
-
-
-def parse_count(text: str) -> int:
-    """Elements from ``1000``, ``1K``, ``4M`` (binary: 1K is 1024); an argparse type."""
-    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip(), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 1000, 1K, 4M)")
-    return int(m[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[m[2].upper()]
 
 
 def _shown(action: argparse.Action) -> str:
@@ -76,6 +68,23 @@ class ArgumentParser(argparse.ArgumentParser):
     def print_help(self, file: Any = None) -> None:
         if launcher_rank() == 0:
             super().print_help(file)
+
+    def add_sweep(self, first: int, last: int, factor: int) -> None:
+        """``-b``, ``-e`` and ``-f``: a sweep of sizes from ``first`` to ``last`` bytes,
+        times ``factor`` (:meth:`sizes` gives them)."""
+        size = parse_size
+        self.add_argument("-b", "--minbytes", type=size, default=first,
+                          help="smallest size, 1 or more bytes (8, 64K, 16M, ...)")  # fmt: skip
+        self.add_argument("-e", "--maxbytes", type=size, default=last, help="largest size")
+        self.add_argument("-f", "--stepfactor", type=whole(1), default=factor,
+                          help="size multiplier, 2 or more (1: one size, -b = -e)")  # fmt: skip
+
+    def sizes(self, args: argparse.Namespace) -> list[int]:
+        """The sweep's sizes; an error naming the flags where they give none."""
+        try:
+            return sweep(args.minbytes, args.maxbytes, args.stepfactor)
+        except ValueError as exc:
+            self.error(str(exc))
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         super().exit(status, message if launcher_rank() == 0 else None)

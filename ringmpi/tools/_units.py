@@ -7,7 +7,7 @@ import argparse
 import re
 from collections.abc import Callable
 
-__all__ = ["format_size", "parse_size", "sweep", "whole"]
+__all__ = ["format_size", "parse_count", "parse_size", "sweep", "whole"]
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -17,6 +17,14 @@ def parse_size(text: str) -> int:
     m = re.fullmatch(r"(\d+)\s*([KMG]?)(?:i?B)?", text.strip(), re.IGNORECASE)
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 8, 64K, 16M)")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def parse_count(text: str) -> int:
+    """Elements from ``1000``, ``1K``, ``4M`` (binary: 1K is 1024); an argparse type."""
+    m = re.fullmatch(r"(\d+)\s*([KMG]?)", text.strip(), re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 1000, 1K, 4M)")
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 

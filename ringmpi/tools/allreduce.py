@@ -41,7 +41,7 @@ from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _plot, prog
 from ._args import ArgumentParser
-from ._units import format_size, parse_size, sweep, whole
+from ._units import format_size, sweep, whole
 
 __all__ = ["main"]
 
@@ -51,10 +51,7 @@ def _parser(name: str) -> argparse.ArgumentParser:
         prog=name,
         description="Benchmark and verify all-reduce algorithms (run under mpirun).",
     )
-    p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size (default 8)")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=16 * 2**20, help="largest (16M)")
-    p.add_argument("-f", "--stepfactor", type=whole(1), default=8,
-                   help="size multiplier, 2 or more (1: one size, -b equal to -e) (8)")  # fmt: skip
+    p.add_sweep(8, 16 << 20, 8)  # checked with the rest, on every rank (_checked)
     p.add_argument("-n", "--iters", type=whole(1), default=10, help="timed calls per size (10)")
     p.add_argument("-w", "--warmup", type=whole(0), default=2, help="untimed calls first (2)")
     p.add_argument(
@@ -597,8 +594,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         for why in left_out:
             _say(why)
         _say(f"loading the {red.describe()} kernels: the first run of a type and op on "
-             "a machine compiles them into Numba's cache (about 40 s on 2 idle cores, "
-             "minutes on busy ones), later runs load them in about a second ...")  # fmt: skip
+             "a machine compiles them into Numba's cache (half a minute at 2 ranks on 2 "
+             "cores, minutes on busy ones); later runs load them in a second ...")  # fmt: skip
         sys.stdout.flush()
     with _Ticker("compiling or loading the kernels", rank == 0):
         compile_s = _warm(ctx, red)

@@ -15,7 +15,7 @@ the library's own call where it times faster (docs/api.md). No MPI is started.
 from __future__ import annotations
 
 from . import command_parser
-from ._units import format_size, parse_size, sweep, whole
+from ._units import format_size
 
 __all__ = ["choices", "main"]
 
@@ -93,13 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--layouts", default=LAYOUTS, help="comma-separated NODESxRANKS: nodes x ranks per node"
     )
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=256 << 20, help="largest size")
-    parser.add_argument("-f", "--stepfactor", type=whole(1), default=4, help="size multiplier")
+    parser.add_sweep(8, 256 << 20, 4)
     parser.add_argument("--plot", metavar="FILE", help="draw the picks as a grid (matplotlib)")
     args = parser.parse_args(argv)
+    sizes = parser.sizes(args)
     try:
-        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
         layouts = _layouts(args.layouts)
         if args.plot:
             from ._plot import check  # noqa: PLC0415

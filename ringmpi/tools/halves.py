@@ -16,7 +16,6 @@ blocks of rank-dependent integers: every expected value is exact.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -26,16 +25,15 @@ import ringmpi
 from ringmpi.verify import verify_expected, verify_inputs
 
 from . import command_parser
-from ._units import format_size, parse_size, sweep, whole
+from ._args import ArgumentParser
+from ._units import format_size, whole
 
 __all__ = ["main"]
 
 
-def _parser(command: str) -> argparse.ArgumentParser:
+def _parser(command: str) -> ArgumentParser:
     p = command_parser(command, __doc__)
-    p.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest size")
-    p.add_argument("-f", "--stepfactor", type=whole(1), default=8, help="size multiplier")
+    p.add_sweep(8, 64 << 20, 8)
     p.add_argument("-n", "--iters", type=whole(1), default=7, help="timed rounds per size")
     p.add_argument(
         "-w",
@@ -59,10 +57,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def main(argv: list[str], command: str) -> int:
     parser = _parser(command)
     args = parser.parse_args(argv)
-    try:
-        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
-    except ValueError as exc:
-        parser.error(str(exc))
+    sizes = parser.sizes(args)
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     names = args.algorithm.split(",")

@@ -21,7 +21,7 @@ from ringmpi.schedule import (
 )
 
 from . import command_parser
-from ._args import parse_count
+from ._units import parse_count
 
 __all__ = ["Cost", "main", "plot_hierarchical", "simulate_hierarchical", "simulate_naive",
            "simulate_ring"]  # fmt: skip

@@ -30,7 +30,7 @@ from ringmpi.algorithms.registry import TermsFn
 from ringmpi.kernels import reduction
 
 from . import command_parser
-from ._units import parse_size, sweep, whole
+from ._units import whole
 
 __all__ = ["fit", "main", "measure"]
 
@@ -132,18 +132,13 @@ def fit(measured: list[dict], p: int, nodes: int, per_node: int) -> tuning.Costs
 def main(argv: list[str] | None = None) -> int:
     parser = command_parser("tune", __doc__)
     parser.add_argument("-o", "--output", default="ringmpi-tuning.json", help="the JSON file")
-    parser.add_argument("-b", "--minbytes", type=parse_size, default=8, help="smallest size")
-    parser.add_argument("-e", "--maxbytes", type=parse_size, default=64 << 20, help="largest size")
-    parser.add_argument("-f", "--stepfactor", type=whole(1), default=4, help="size multiplier")
+    parser.add_sweep(8, 64 << 20, 4)
     parser.add_argument("-n", "--iters", type=whole(1), default=20, help="calls per size, at most")
     parser.add_argument("--budget", type=float, default=1.0, help="seconds per size, about")
     comm = MPI.COMM_WORLD
     abort_on_error(comm)
     args = parser.parse_args(argv)
-    try:
-        sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
-    except ValueError as exc:
-        parser.error(str(exc))
+    sizes = parser.sizes(args)
     if args.budget <= 0:
         parser.error(f"--budget {args.budget}: more than 0 seconds")
     ctx = context(comm)

@@ -317,6 +317,9 @@ class Comm(MPI.Intracomm):
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
         Allreduce(sendbuf, recvbuf, op, self)
 
+    # Its repeats run from C, as the function's do, whatever the call's form.
+    Allreduce = _direct.method(Allreduce)
+
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:
         return Iallreduce(sendbuf, recvbuf, op, self)
 

@@ -63,7 +63,7 @@ from ._capi import (
 )
 
 __all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "install",
-           "number", "run_cells", "slot", "warm"]  # fmt: skip
+           "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -76,16 +76,21 @@ _METH_FASTCALL_KEYWORDS = 0x80 | 0x2
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
-(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES,
- PYTHON) = range(9)  # fmt: skip
-_HEADER = 9
+(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES, PYTHON,
+ OP_NAME, COMM_NAME) = range(11)  # fmt: skip
+_HEADER = 11
 # An entry: the objects, what the arrays must be, the address of the call's cells,
 # the callable that raises its errors, the settings snapshot.
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
  SETTINGS) = range(11)  # fmt: skip
 _WIDTH = 11
-# A list's length and the address of its items (PyListObject).
+# A list's length and the address of its items (PyListObject); a tuple's items lie
+# in the object itself, from _ITEMS on (PyTupleObject: the keywords' names).
 _LEN, _ITEMS = 16, 24
+# What the lookup returns when no remembered call matches (not an object's address).
+_MISS = -1
+# A method's cells (see method): the table, and the method's Python function.
+M_TABLE, M_PYTHON = range(2)
 _SLOTS = 256
 # A caller's cells (see caller): one prepared call.
 C_CELLS, C_DESCR, C_NONE, C_RAISE, C_ERROR, C_PYTHON = range(6)
@@ -100,6 +105,7 @@ class _Holder(np.ndarray):
     failed: Callable[[], None]  # raises MPI.Exception for the error code in the cells
     method: Any  # the builtin's PyMethodDef, kept as long as the builtin
     cells: np.ndarray  # a caller's call, kept as long as the builtin
+    table: np.ndarray  # a method's table, kept as long as the builtin
     _python: Callable[..., Any]
     _cell: int
 
@@ -186,13 +192,38 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
         id(_settings._now),
         id(_trace._active),
     ]
+    # The keywords a call may name (a call site's names are interned, as these are).
+    holder[[OP_NAME, COMM_NAME]] = [id(sys.intern("op")), id(sys.intern("comm"))]
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
     assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
     doc = _text_signature(python) + (python.__doc__ or "")
     builtin = _builtin(python.__name__, doc, python.__module__, holder, vectorcall)
-    _state.update(holder=holder, builtin=builtin)
+    _state.update(holder=holder, builtin=builtin, methods=[])
     _cache.derived(_Entries())
     return builtin
+
+
+def method(python: Callable[..., Any]) -> Any:
+    """A method of ``ringmpi.Comm`` that runs, as :func:`entry`'s builtin does, the
+    remembered calls of ``python(self, sendbuf, recvbuf, op)`` in C, ``self`` being
+    the communicator; ``python`` itself where the builtin is not in use. Call
+    after :func:`entry`."""
+    table = _state.get("holder")
+    if table is None:
+        return python
+    own = _holder(M_PYTHON + 1, python, M_PYTHON, M_PYTHON)  # the error goes to the table's
+    own[M_TABLE] = table.ctypes.data
+    own.table = table  # kept: its address is in the cells
+    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    assert vectorcall is not None  # a C API function's address
+    if table.method.meth != vectorcall:  # calls are remembered already
+        vectorcall = compiled(_call_method)
+    doc = _text_signature(python) + (python.__doc__ or "")
+    builtin = _builtin(python.__name__, doc, python.__module__, own, vectorcall)
+    _state["methods"].append(own)
+    bind = ctypes.pythonapi.PyInstanceMethod_New
+    bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
+    return bind(builtin)
 
 
 def _text_signature(python: Callable[..., Any]) -> str:
@@ -256,9 +287,10 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
     in_place = sendbuf is MPI.IN_PLACE
     if not in_place and type(sendbuf) is not np.ndarray:
         return
-    method = holder.method
-    if method.meth != compiled(_call):
-        method.meth = compiled(_call)
+    if holder.method.meth != compiled(_call):  # the first remembered call: now the C ones
+        holder.method.meth = compiled(_call)
+        for own in _state["methods"]:
+            own.method.meth = compiled(_call_method)
     at = slot(recvbuf)
     base = _HEADER + _WIDTH * at
 
@@ -279,8 +311,9 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
 
 def warm() -> None:
-    """Compile (or load from Numba's cache) the two C functions."""
+    """Compile (or load from Numba's cache) the builtins' C functions."""
     compiled(_call)
+    compiled(_call_method)
     compiled(_call_once)
 
 
@@ -408,35 +441,71 @@ def _answer(err, none, failed, error_cell):
     return py_vectorcall(failed, 0, 0, 0)
 
 
+@numba.njit(cache=True)
+def _lookup(table, pos, npos, kwnames, self_comm):
+    """The remembered call on the arguments at ``pos`` (``npos`` positional:
+    ``sendbuf, recvbuf[, op[, comm]]``, then the values of the keywords named in
+    ``kwnames``, 0 for none), made; a method's ``comm`` is ``self_comm`` (0 for
+    the function's). Returns what the builtin returns, or _MISS."""
+    most = 3 if self_comm else 4
+    if npos < 2 or npos > most:
+        return _MISS
+    none = peek(table + 8 * NONE_OBJ)
+    op = peek(pos + 16) if npos >= 3 else none
+    comm = self_comm if self_comm else (peek(pos + 24) if npos == 4 else none)
+    if kwnames != 0:
+        for i in range(peek(kwnames + _LEN)):
+            name, value = peek(kwnames + _ITEMS + 8 * i), peek(pos + 8 * (npos + i))
+            if name == peek(table + 8 * OP_NAME) and npos < 3:
+                op = value
+            elif name == peek(table + 8 * COMM_NAME) and npos < 4 and not self_comm:
+                comm = value
+            else:
+                return _MISS
+    if op == none:  # None means MPI.SUM
+        op = peek(table + 8 * SUM_OBJ)
+    recv = peek(pos + 8)
+    at = table + 8 * (_HEADER + _WIDTH * ((recv >> 4) & peek(table + 8 * MASK)))
+    if peek(at + 8 * RECV) != recv:
+        return _MISS
+    send, cells = peek(pos), peek(at + 8 * CELLS_AT)
+    count = peek(cells + 8 * CELL_COUNT)
+    if not (
+        peek(peek(peek(table + 8 * SETTINGS_NOW) + _ITEMS)) == peek(at + 8 * SETTINGS)
+        and peek(peek(table + 8 * TRACES) + _LEN) == 0
+        and send == peek(at + 8 * SEND)
+        and op == peek(at + 8 * OP_OBJ)
+        and comm == peek(at + 8 * COMM_OBJ)
+        and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
+    ):
+        return _MISS
+    source = _source(send, peek(table + 8 * IN_PLACE_OBJ), peek(cells + 8 * CELL_IN_PLACE),
+                     peek(at + 8 * SEND_DESCR), peek(at + 8 * SEND_NDIM), count)  # fmt: skip
+    if source == 0:
+        return _MISS
+    err = run_cells(cells, source, peek(recv + _DATA), count)
+    return _answer(err, none, peek(at + 8 * FAILED), table + 8 * ERROR)
+
+
 def _call(holder, args, nargs, kwnames):
     """The builtin's C function: ``holder`` is its table, ``args[:nargs]`` the
     positional arguments, ``kwnames`` the keywords' names (0: none)."""
     table = peek(holder + _DATA)
-    if kwnames == 0 and 2 <= nargs <= 4:
-        recv = peek(args + 8)
-        at = table + 8 * (_HEADER + _WIDTH * ((recv >> 4) & peek(table + 8 * MASK)))
-        if peek(at + 8 * RECV) == recv:
-            send = peek(args)
-            op = peek(args + 16) if nargs >= 3 else peek(table + 8 * SUM_OBJ)
-            comm = peek(args + 24) if nargs == 4 else peek(table + 8 * NONE_OBJ)
-            cells = peek(at + 8 * CELLS_AT)
-            count = peek(cells + 8 * CELL_COUNT)
-            if (
-                peek(peek(peek(table + 8 * SETTINGS_NOW) + _ITEMS)) == peek(at + 8 * SETTINGS)
-                and peek(peek(table + 8 * TRACES) + _LEN) == 0
-                and send == peek(at + 8 * SEND)
-                and op == peek(at + 8 * OP_OBJ)
-                and comm == peek(at + 8 * COMM_OBJ)
-                and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
-            ):
-                source = _source(send, peek(table + 8 * IN_PLACE_OBJ),
-                                 peek(cells + 8 * CELL_IN_PLACE), peek(at + 8 * SEND_DESCR),
-                                 peek(at + 8 * SEND_NDIM), count)  # fmt: skip
-                if source != 0:
-                    err = run_cells(cells, source, peek(recv + _DATA), count)
-                    return _answer(err, peek(table + 8 * NONE_OBJ), peek(at + 8 * FAILED),
-                                   table + 8 * ERROR)  # fmt: skip
+    made = _lookup(table, args, nargs, kwnames, 0)
+    if made != _MISS:
+        return made
     return py_vectorcall(peek(table + 8 * PYTHON), args, nargs, kwnames)
+
+
+def _call_method(holder, args, nargs, kwnames):
+    """A method's C function: ``args[0]`` is the communicator, then ``sendbuf,
+    recvbuf[, op]``."""
+    own = peek(holder + _DATA)
+    if nargs >= 1:
+        made = _lookup(peek(own + 8 * M_TABLE), args + 8, nargs - 1, kwnames, peek(args))
+        if made != _MISS:
+            return made
+    return py_vectorcall(peek(own + 8 * M_PYTHON), args, nargs, kwnames)
 
 
 def _call_once(holder, args, nargs, kwnames):

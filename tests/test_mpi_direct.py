@@ -57,10 +57,16 @@ def _counting(settings, algorithm: str):
         return python(*args, **kwargs)
 
     holder.python = counted
+    methods = [(own, own.python) for own in _direct._state["methods"]]
+    for own, method in methods:  # ringmpi.Comm's: the method, before it calls the function
+        own.python = lambda *args, method=method, **kwargs: (
+            seen.append((len(args), tuple(kwargs))), method(*args, **kwargs))[1]  # fmt: skip
     try:
         yield seen
     finally:
         holder.python = python
+        for own, method in methods:
+            own.python = method
 
 
 def inputs(count: int, dtype: str, op=MPI.SUM, k: int = 0) -> np.ndarray:
@@ -95,33 +101,45 @@ def test_the_builtin_is_what_users_call():
     agree(WORLD, problems)
 
 
-# (positional arguments after sendbuf and recvbuf): op and comm by default or given
-ARITIES = {"2": (), "3": (MPI.SUM,), "4": (MPI.SUM, WORLD), "4-None": (MPI.SUM, None)}
+WRAPPED = ringmpi.Comm(WORLD)
+# Every way of writing the call (sendbuf, recvbuf and op given): op and comm by
+# default, positional or keywords; ringmpi.Comm's method. SUM_ONLY forms leave op out.
+FORMS = {
+    "2": lambda s, r, op: ringmpi.Allreduce(s, r),
+    "3": ringmpi.Allreduce,
+    "4": lambda s, r, op: ringmpi.Allreduce(s, r, op, WORLD),
+    "4-None": lambda s, r, op: ringmpi.Allreduce(s, r, op, None),
+    "op=": lambda s, r, op: ringmpi.Allreduce(s, r, op=op),
+    "comm=": lambda s, r, op: ringmpi.Allreduce(s, r, comm=WORLD),
+    "op=,comm=": lambda s, r, op: ringmpi.Allreduce(s, r, op=op, comm=WORLD),
+    "3,comm=": lambda s, r, op: ringmpi.Allreduce(s, r, op, comm=WORLD),
+    "Comm": lambda s, r, op: WRAPPED.Allreduce(s, r),
+    "Comm-3": WRAPPED.Allreduce,
+    "Comm-op=": lambda s, r, op: WRAPPED.Allreduce(s, r, op=op),
+}
+SUM_ONLY = {"2", "comm=", "Comm"}
 CASES = [("float32", MPI.SUM), ("float64", MPI.SUM), ("int32", MPI.SUM), ("int64", MPI.MAX),
          ("complex128", MPI.SUM), ("uint8", MPI.BOR), ("float64", MPI.PROD)]  # fmt: skip
 
 
-@pytest.mark.parametrize("arity", ARITIES, ids=list(ARITIES))
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
-def test_repeats_run_in_c_with_exact_results(through_python, arity, in_place):
+def test_repeats_run_in_c_with_exact_results(through_python, form, in_place):
     problems = []
     for dtype, op in CASES:
-        if op is not MPI.SUM and arity == "2":
-            continue  # op is the default, SUM
-        rest = (op, *ARITIES[arity][1:]) if ARITIES[arity] else ()
+        if op is not MPI.SUM and form in SUM_ONLY:
+            continue
         for count in (1, 1009):
             recv = np.empty(count, dtype)
-            send = None if in_place else np.empty(count, dtype)
+            send = MPI.IN_PLACE if in_place else np.empty(count, dtype)
             seen = []  # calls through Python so far, after each call
             for call in range(6):  # through Python until remembered (the second at most), then C
                 k = call if op is MPI.SUM else 0  # SUM: every call's answer differs
                 x = inputs(count, dtype, op, k)
                 recv[...] = x  # not the answer, where there are ranks to add
-                if in_place:
-                    ringmpi.Allreduce(MPI.IN_PLACE, recv, *rest)
-                else:
+                if not in_place:
                     send[...] = x
-                    ringmpi.Allreduce(send, recv, *rest)
+                FORMS[form](send, recv, op)
                 want = expected(count, dtype, op, k)
                 problems += mismatch(f"{dtype} {op} count {count} call {call}", recv, want)
                 seen.append(len(through_python))

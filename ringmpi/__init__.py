@@ -25,11 +25,19 @@ from typing import TYPE_CHECKING
 __all__ = [
     "AVG",
     "Allgather",
+    "Allgather_init",
     "Allreduce",
+    "Allreduce_init",
     "Comm",
+    "Iallgather",
     "Iallreduce",
+    "Ireduce_scatter",
+    "Ireduce_scatter_block",
+    "Prequest",
     "Reduce_scatter",
     "Reduce_scatter_block",
+    "Reduce_scatter_block_init",
+    "Reduce_scatter_init",
     "RingMPIError",
     "Trace",
     "UnsupportedError",
@@ -48,11 +56,19 @@ __version__ = "0.1.0"
 _WHERE = {
     "AVG": "kernels",
     "Allgather": "_halves",
+    "Allgather_init": "_requests",
     "Allreduce": "_api",
-    "Comm": "_api",
-    "Iallreduce": "_api",
+    "Allreduce_init": "_requests",
+    "Comm": "_wrapper",
+    "Iallgather": "_requests",
+    "Iallreduce": "_requests",
+    "Ireduce_scatter": "_requests",
+    "Ireduce_scatter_block": "_requests",
+    "Prequest": "_requests",
     "Reduce_scatter": "_halves",
     "Reduce_scatter_block": "_halves",
+    "Reduce_scatter_block_init": "_requests",
+    "Reduce_scatter_init": "_requests",
     "RingMPIError": "_errors",
     "Trace": "_trace",
     "UnsupportedError": "_errors",
@@ -66,10 +82,22 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
-    from ._api import Allreduce, Comm, Iallreduce, allreduce, configure, configured, warm
+    from ._api import Allreduce, allreduce, configure, configured, warm
     from ._errors import RingMPIError, UnsupportedError, abort_on_error
     from ._halves import Allgather, Reduce_scatter, Reduce_scatter_block
+    from ._requests import (
+        Allgather_init,
+        Allreduce_init,
+        Iallgather,
+        Iallreduce,
+        Ireduce_scatter,
+        Ireduce_scatter_block,
+        Prequest,
+        Reduce_scatter_block_init,  # fmt: skip
+        Reduce_scatter_init,
+    )
     from ._trace import Trace, trace
+    from ._wrapper import Comm
     from .buckets import allreduce_many
     from .kernels import AVG
 

@@ -1,26 +1,26 @@
-"""The library API: Allreduce, allreduce and the Comm wrapper."""
+"""The library API: Allreduce and allreduce."""
 
 from __future__ import annotations
 
 import time
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _halves, _progress, _settings, _trace, algorithms
+from . import _direct, _progress, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
 from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context, polled, ready
 from ._errors import RingMPIError, UnsupportedError
 from ._settings import configure, configured
 from .algorithms import tuner
-from .kernels import AVG, Reduction, reduction
+from .kernels import Reduction, reduction
 
 # configure and configured are the settings' (the API names them from here, where the
 # registry that checks an algorithm's name is loaded).
-__all__ = ["Allreduce", "Comm", "Iallreduce", "allreduce", "configure", "configured", "warm"]
+__all__ = ["Allreduce", "allreduce", "configure", "configured", "start", "warm"]
 
 
 def Allreduce(
@@ -67,6 +67,7 @@ def Allreduce(
             and (op, comm, algorithm, validate, timeout, reproducible) == args
             and _NOW[0] is settings
             and not _TRACES
+            and not _PENDING
         ):
             if send_ref is None:
                 in_place_call = sendbuf is _IN_PLACE or sendbuf is None
@@ -209,53 +210,13 @@ def allreduce(
     return result
 
 
-def Iallreduce(
-    sendbuf: Any,
-    recvbuf: Any,
-    op: Any = MPI.SUM,
-    comm: MPI.Intracomm | None = None,
-    *,
-    algorithm: str = "auto",
-    validate: bool | None = None,
-    timeout: float | None = None,
-    reproducible: bool | None = None,
-) -> MPI.Request:
-    """Start :func:`Allreduce` and return its request, like ``comm.Iallreduce``.
-
-    The arguments are checked here (errors raise before any message); the call
-    then runs on the communicator's progress thread, in the order the calls were
-    made, while this thread goes on. ``Wait``/``Test`` on the request (or
-    ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
-    error (a timeout, ranks that disagree) with the blocking call's message.
-    Leave the buffers alone until then. A blocking call on the same communicator
-    first waits for the nonblocking ones started before it. Where MPI was not
-    initialized with MPI_THREAD_MULTIPLE, and for what ringmpi cannot reduce
-    itself, the call goes to the library's own ``comm.Iallreduce`` (the former
-    with a warning, once).
-    """
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
-    call = _parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
-    if not call.library and not _progress.threads_allowed():
-        _progress.warn_no_threads()
-        if op is AVG:  # MPI has no AVG: the blocking call, behind a completed request
-            Allreduce(sendbuf, recvbuf, op, comm, algorithm=algorithm, validate=validate,
-                      timeout=timeout, reproducible=reproducible)  # fmt: skip
-            return _progress.completed()
-        call = call._replace(library=True)
-    if call.library:
-        return MPI.Comm.Iallreduce(call.comm, sendbuf, recvbuf, op)
-    assert isinstance(call.comm, MPI.Intracomm)  # not the library's: a checked one
-    return _progress.start(context(call.comm, call.timeout), _job(call, algorithm))
-
-
 def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then) -> None:
     """An in-place all-reduce of ``recvbuf`` on the progress thread, which calls
     ``then(error)`` (None when it succeeded) once it is done: for callers that hold a
-    future rather than an MPI request. Runs it at once, on this thread, where
-    Iallreduce would go to the library."""
+    future rather than an MPI request. Runs it at once, on this thread, where it is
+    the library's or no progress thread would carry it out."""
     call = _parse(MPI.IN_PLACE, recvbuf, op, comm, "auto", None, None, None)
-    if call.library or not _progress.threads_allowed():
+    if call.library or not _progress.threaded(context(cast(Any, call.comm), call.timeout)):
         try:
             Allreduce(MPI.IN_PLACE, recvbuf, op, comm)
         except Exception as exc:  # the future carries it
@@ -299,68 +260,6 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     took = algorithms.warm_on_node(ctx, red, None, waits)
     ctx.warmed.update((a.name, red.name, red.dtype.str) for a in algorithms.records())
     return ctx.comm.allreduce(took, op=MPI.MAX)
-
-
-class Comm(MPI.Intracomm):
-    """An mpi4py intracommunicator whose ``Allreduce``, ``Iallreduce``, ``allreduce``,
-    ``Reduce_scatter_block``, ``Reduce_scatter`` and ``Allgather`` go through ringmpi.
-
-    It is the same MPI communicator (a new Python handle to it), so every other
-    method and attribute is the wrapped communicator's own::
-
-        comm = ringmpi.Comm(MPI.COMM_WORLD)   # the one-line change
-    """
-
-    def __new__(cls, comm: MPI.Intracomm | None = None) -> Comm:
-        return super().__new__(cls, check_comm(comm))
-
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        Allreduce(sendbuf, recvbuf, op, self)
-
-    # Its repeats run from C, as the function's do, whatever the call's form.
-    Allreduce = _direct.method(Allreduce)
-
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> MPI.Request:
-        return Iallreduce(sendbuf, recvbuf, op, self)
-
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        if _TO_LIBRARY(self, "Reduce_scatter_block", sendbuf, recvbuf, op):
-            return _LIBRARY_RSB(self, sendbuf, recvbuf, op)  # as auto would, in one test
-        _halves.Reduce_scatter_block(sendbuf, recvbuf, op, self)
-
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM) -> None:  # fmt: skip
-        if _TO_LIBRARY(self, "Reduce_scatter", sendbuf, recvbuf, op):
-            return _LIBRARY_RS(self, sendbuf, recvbuf, recvcounts, op)  # as auto would
-        _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, self)
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        if _TO_LIBRARY(self, "Allgather", None, recvbuf):
-            return _LIBRARY_ALLGATHER(self, sendbuf, recvbuf)  # as auto would, in one test
-        _halves.Allgather(sendbuf, recvbuf, self)
-
-    def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:
-        """A NumPy array that ringmpi reduces goes through ringmpi; any other object (and
-        an op or dtype it does not reduce) through mpi4py's pickle path."""
-        if isinstance(sendobj, np.ndarray) and _reduces(op, sendobj.dtype):
-            return allreduce(sendobj, op, self)
-        return super().allreduce(sendobj, op)
-
-
-def _reduces(op: Any, dtype: np.dtype) -> bool:
-    """Whether ringmpi reduces ``op`` on ``dtype`` itself."""
-    try:
-        reduction(op, dtype)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-_LIBRARY_ALLGATHER = MPI.Intracomm.Allgather
-_LIBRARY_RSB, _LIBRARY_RS = MPI.Intracomm.Reduce_scatter_block, MPI.Intracomm.Reduce_scatter
-# Whether auto hands a reduce-scatter or all-gather straight to the library: the
-# wrapper's methods ask first, so that what they add to such a call is one test.
-_TO_LIBRARY = _halves._to_library
 
 
 # --- internals -----------------------------------------------------------------
@@ -438,7 +337,7 @@ def _run(
 # (docs/performance.md has what too little room cost).
 _KEPT = 1024
 # What the hot path reads, as module globals (one lookup each).
-_NOW, _TRACES = _settings._now, _trace._active
+_NOW, _TRACES, _PENDING = _settings._now, _trace._active, _progress.pending
 _IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
 _repeats: Bounded[tuple, Any] = derived(Bounded(_KEPT))
 _last: Bounded[int, Any] = derived(Bounded(_KEPT))
@@ -515,7 +414,7 @@ def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context
         )
         and not _trace._active  # a traced call takes the full path, to be recorded
         # a repeat does not wait for queued nonblocking calls: none may be queued
-        and (ctx.progress is None or not ctx.progress.busy())
+        and not _PENDING
     )
     if not simple:
         return

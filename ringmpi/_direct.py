@@ -18,7 +18,8 @@ any of their addresses while the entry stands. An entry names the dtype, the
 number of dimensions and the element count, and the arrays' flags are read at
 each call (C-contiguous, aligned, and for ``recvbuf`` writeable), as the Python
 path checks them. An entry also names the settings snapshot it was made under,
-and serves no call while another is in force or a trace is open. Entries are
+and serves no call while another is in force, a trace is open or a nonblocking
+call is queued (which a repeat would overtake). Entries are
 forgotten with the API's remembered calls when a communicator is freed or
 broken off (``_cache.changed``).
 
@@ -43,7 +44,7 @@ from numba import types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from . import _cache, _settings, _trace
+from . import _cache, _progress, _settings, _trace
 from ._capi import (
     CELL_COMM,
     CELL_COUNT,
@@ -77,8 +78,8 @@ _METH_FASTCALL_KEYWORDS = 0x80 | 0x2
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
 (IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES, PYTHON,
- OP_NAME, COMM_NAME) = range(11)  # fmt: skip
-_HEADER = 11
+ OP_NAME, COMM_NAME, PENDING) = range(12)  # fmt: skip
+_HEADER = 12
 # An entry: the objects, what the arrays must be, the address of the call's cells,
 # the callable that raises its errors, the settings snapshot.
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
@@ -183,7 +184,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     if not _layout_ok():
         return python
     holder = _holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
-    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES]] = [
+    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES, PENDING]] = [
         id(MPI.IN_PLACE),
         id(MPI.SUM),
         id(None),
@@ -191,6 +192,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
         _SLOTS - 1,
         id(_settings._now),
         id(_trace._active),
+        id(_progress.pending),
     ]
     # The keywords a call may name (a call site's names are interned, as these are).
     holder[[OP_NAME, COMM_NAME]] = [id(sys.intern("op")), id(sys.intern("comm"))]
@@ -473,6 +475,7 @@ def _lookup(table, pos, npos, kwnames, self_comm):
     if not (
         peek(peek(peek(table + 8 * SETTINGS_NOW) + _ITEMS)) == peek(at + 8 * SETTINGS)
         and peek(peek(table + 8 * TRACES) + _LEN) == 0
+        and peek(peek(table + 8 * PENDING) + _LEN) == 0
         and send == peek(at + 8 * SEND)
         and op == peek(at + 8 * OP_OBJ)
         and comm == peek(at + 8 * COMM_OBJ)

@@ -1,18 +1,30 @@
-"""Nonblocking calls: a progress thread per communicator runs them in call order.
+"""Nonblocking calls: a queue per communicator carries them out in call order.
 
 A nonblocking call is checked on the calling thread (its errors raise there,
-before any message), then queued on the communicator's progress thread, which
-runs the same compiled loops as a blocking call (they release the GIL) on the
-communicator's private duplicate. What the caller holds is an ``MPI.Grequest``
-(:class:`Request`) that the thread completes: ``Wait``, ``Test`` and
-``MPI.Request.Waitall`` take it beside MPI's own requests. A blocking call on
-the same communicator first waits for the calls queued before it, so that calls
-run in the order every rank made them.
+before any message), then queued on the communicator's :class:`Progress`.
+Who carries the queue out is the ``progress`` setting: a progress thread
+(``thread``), which runs the same compiled loops as a blocking call (they
+release the GIL) on the communicator's private duplicate while the program
+goes on; or the program's own thread (``wait``), in the first ``Wait`` or
+``Test`` on one of the queued calls' requests, in call order. ``auto`` takes
+the thread where the node has a spare core for it (at least twice as many
+cores as ranks) and MPI allows threads, else ``wait``: a progress thread
+with no core of its own only takes turns with the program, and each turn
+costs more than a small call.
+
+What the caller holds is an ``MPI.Grequest`` (:class:`Request`) completed
+when the call is done: ``Wait`` and ``Test`` take it; ``MPI.Request.Waitall``
+and the like take it beside MPI's own requests where a thread carries the
+queue (MPI's own completion calls cannot carry out ringmpi's calls). A
+blocking call on the same communicator first carries out, or waits for, the
+calls queued before it, so that calls run in the order every rank made them.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -20,38 +32,63 @@ from typing import Any, Literal, overload
 
 from mpi4py import MPI
 
-from . import _cache, _trace
+from . import _settings, _trace
+from ._capi import _library_path
 
-__all__ = ["Job", "Progress", "Request", "completed", "start", "threads_allowed"]
+__all__ = ["Job", "Progress", "Request", "completed", "finish", "progressed", "set_handle",
+           "start", "threaded", "threads_allowed"]  # fmt: skip
+
+
+# The calls queued or running, on every communicator: a remembered call repeats
+# from C or Python (ringmpi._direct, ringmpi._api) only while this is empty, since a
+# repeat does not first carry out, or wait for, the calls queued before it.
+pending: list[Job] = []
 
 
 class Job:
-    """One queued call: ``run()`` on the progress thread, then ``then(job)`` if given."""
+    """One queued call: ``run()``, then ``then(job)`` if given, then its request
+    completed."""
 
-    __slots__ = ("done", "error", "greq", "reported", "run", "then", "traces")
+    __slots__ = ("complete", "done", "error", "event", "queue", "reported", "run", "then",
+                 "traces")  # fmt: skip
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None):
         self.run: Callable[[], Any] | None = run
         self.then = then
         self.traces = _trace.open_here()  # a trace counts the calls started inside it
         self.error: BaseException | None = None
-        self.done = threading.Event()
-        self.greq: MPI.Grequest | None = None
+        self.done = False
+        self.event: threading.Event | None = None  # set when done, where a thread runs it
+        self.complete: Callable[[], Any] | None = None  # completes its request
         self.reported = False  # the error was raised by Request.Wait/Test
+        self.queue: Progress | None = None  # where it is queued
 
     def execute(self) -> None:
+        queue = self.queue
+        if queue is not None and not queue.threaded and pending[0] is self:
+            # Carried out here, the first of the queued: a blocking call it makes may
+            # repeat from C (nothing queued before it is left to overtake).
+            pending.pop(0)
+            queue = None
         try:
-            with _trace.recording_for(self.traces):
-                assert self.run is not None  # a job runs once
+            assert self.run is not None  # a job runs once
+            if self.traces or _trace._active:
+                with _trace.recording_for(self.traces):
+                    self.run()
+            else:
                 self.run()
         except BaseException as exc:
             self.error = exc
         self.run = None  # the arrays go as soon as the call is done
-        self.done.set()
+        if queue is not None:
+            pending.remove(self)
+        self.done = True
+        if self.event is not None:
+            self.event.set()
         if self.then is not None:
             self.then(self)
-        if self.greq is not None:
-            self.greq.Complete()
+        if self.complete is not None:
+            self.complete()
 
     def query(self, status: MPI.Status) -> None:
         """The Grequest's query: an error not raised by :class:`Request` raises here,
@@ -70,7 +107,7 @@ class Request(MPI.Grequest):
     def Wait(self, status: MPI.Status | None = None) -> bool:  # type: ignore[override]
         job = self._job
         if job is not None:
-            job.done.wait()  # sleeps: the cores go to the progress thread
+            finish(job)
             job.reported = True
         super().Wait(status)
         self._raise(job)
@@ -78,7 +115,7 @@ class Request(MPI.Grequest):
 
     def Test(self, status: MPI.Status | None = None) -> bool:
         job = self._job
-        if job is not None and not job.done.is_set():
+        if job is not None and not progressed(job):
             return False
         if job is not None:
             job.reported = True
@@ -98,17 +135,47 @@ class Request(MPI.Grequest):
             raise job.error
 
 
-class Progress:
-    """A communicator's progress thread and the calls queued on it."""
+def finish(job: Job) -> None:
+    """Return once ``job`` is done: carried out here, after the calls queued before
+    it, where no thread carries its queue; else waited for, sleeping (the cores go
+    to the progress thread)."""
+    if job.done:
+        return
+    if job.event is not None:
+        job.event.wait()
+    elif job.queue is not None:
+        job.queue.until(job)
 
-    def __init__(self) -> None:
+
+def progressed(job: Job) -> bool:
+    """Whether ``job`` is done, carrying it out first where no thread does (a test
+    must make progress, or a loop of tests would never end)."""
+    if not job.done and job.event is None and job.queue is not None:
+        job.queue.until(job)
+    return job.done
+
+
+class Progress:
+    """A communicator's nonblocking calls, in call order, and who carries them out:
+    a progress thread (``threaded``), or the caller of :meth:`until` and :meth:`drain`."""
+
+    def __init__(self, threaded: bool) -> None:
+        self.threaded = threaded
         self._queue: collections.deque[Job | None] = collections.deque()
         self._pending = 0
         self._cv = threading.Condition()
-        self._thread = threading.Thread(target=self._loop, name="ringmpi-progress", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._running: Job | None = None  # carried out now, on the caller's thread
+        if threaded:
+            self._thread = threading.Thread(target=self._loop, name="ringmpi-progress",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
 
     def submit(self, job: Job) -> None:
+        job.queue = self
+        if self.threaded:
+            job.event = threading.Event()
+        pending.append(job)
         with self._cv:
             self._queue.append(job)
             self._pending += 1
@@ -119,21 +186,48 @@ class Progress:
         return self._pending > 0
 
     def on_thread(self) -> bool:
-        return threading.get_ident() == self._thread.ident
+        return self._thread is not None and threading.get_ident() == self._thread.ident
 
     def drain(self) -> None:
-        """Wait until every call queued so far has run (not from the thread itself)."""
-        if self._pending and not self.on_thread():
-            with self._cv:
-                self._cv.wait_for(lambda: self._pending == 0)
+        """Return once every call queued so far has run (not from the thread itself)."""
+        if not self._pending or self.on_thread() or self._running is not None:
+            return  # (the calls queued after the running one wait for it)
+        if not self.threaded:
+            self._run_queued(None)
+            return
+        with self._cv:
+            self._cv.wait_for(lambda: self._pending == 0)
+
+    def until(self, job: Job) -> None:
+        """Carry out the queued calls up to ``job`` on this thread (no progress thread)."""
+        self._run_queued(job)
 
     def free(self) -> None:
         """Run what is queued, then end the thread."""
+        if not self.threaded:
+            self._run_queued(None)
+            return
         with self._cv:
             self._queue.append(None)
             self._cv.notify_all()
         if not self.on_thread():
+            assert self._thread is not None
             self._thread.join()
+
+    def _run_queued(self, last: Job | None) -> None:
+        """Carry out queued calls in order, through ``last`` (None: all)."""
+        while self._queue and self._running is None:
+            job = self._queue.popleft()
+            if job is None:
+                return
+            self._running = job
+            try:
+                job.execute()
+            finally:
+                self._running = None
+                self._pending -= 1
+            if job is last:
+                return
 
     def _loop(self) -> None:
         while True:
@@ -148,6 +242,33 @@ class Progress:
                 self._cv.notify_all()
 
 
+def threaded(ctx) -> bool:
+    """Whether ``ctx``'s nonblocking calls get a progress thread: the ``progress``
+    setting. Under auto, a thread where this rank has a spare core for it (two cores
+    of its own where it is bound to some, else twice as many cores on the node as
+    ranks) and MPI allows threads; else the calls are carried out in the completion
+    calls, unless MPI's own (``MPI.Request.Waitall``) could not carry them out (no
+    MPIX_Grequest_start: Open MPI), where a thread is the one way that never hangs."""
+    if ctx.progress is not None:
+        return ctx.progress.threaded
+    mode = _settings.current().progress
+    if mode == "wait":
+        return False
+    if not threads_allowed():
+        if mode == "thread":
+            warn_no_threads()
+        return False
+    if mode == "thread":
+        return True
+    try:
+        mine = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        mine = os.cpu_count() or 1
+    node = os.cpu_count() or 1
+    spare = mine >= 2 if mine < node else node >= 2 * ctx.node.Get_size()
+    return spare or not _MPIX.usable()
+
+
 def threads_allowed() -> bool:
     """Whether MPI was initialized with MPI_THREAD_MULTIPLE (a progress thread calls
     MPI while the program's own threads may too)."""
@@ -158,13 +279,13 @@ _WARNED: list[bool] = []
 
 
 def warn_no_threads() -> None:
-    """Once per process: nonblocking calls go to the library's MPI_Iallreduce."""
+    """Once per process: the progress setting asks for a thread MPI does not allow."""
     if not _WARNED:
         _WARNED.append(True)
         warnings.warn(
             "ringmpi: MPI was initialized without MPI_THREAD_MULTIPLE (mpi4py.rc.thread_level "
-            "or MPI4PY_RC_THREAD_LEVEL), which ringmpi's progress thread needs: its "
-            "nonblocking calls go to the MPI library's own nonblocking collectives",
+            "or MPI4PY_RC_THREAD_LEVEL), which a progress thread needs: ringmpi's nonblocking "
+            "calls are carried out in Wait and Test instead (progress='wait')",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -185,14 +306,114 @@ def start(ctx, job: Job, request: bool = True) -> Request | None:
     """Queue ``job`` on ``ctx``'s progress thread (made on first use); returns its
     request, or None when ``request`` is False (``job.then`` reports instead)."""
     if ctx.progress is None:
-        ctx.progress = Progress()
-    # Remembered repeats skip the wait for queued calls: forget them while any is queued
-    # (a loop of nonblocking calls alone has none to forget).
-    _cache.changed()
+        ctx.progress = Progress(threaded(ctx))
     req = None
     if request:
-        job.greq = MPI.Grequest.Start(job.query)
-        req = Request(job.greq)
+        if ctx.progress.threaded or not _MPIX.usable():
+            greq = MPI.Grequest.Start(job.query)
+            job.complete = greq.Complete
+        else:
+            greq = _MPIX.start(job)
+        req = Request(greq)
         req._job = job
     ctx.progress.submit(job)
     return req
+
+
+# mpi4py's C API: the address of a Request object's MPI_Request handle.
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_HANDLE_AT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
+    _capsule_pointer(MPI.__pyx_capi__["PyMPIRequest_Get"], b"MPI_Request *(PyObject *)")
+)
+_HANDLE = {4: ctypes.c_uint32, 8: ctypes.c_uint64}[MPI._sizeof(MPI.Request)]
+_BITS = (1 << 8 * ctypes.sizeof(_HANDLE)) - 1
+
+
+def set_handle(request: MPI.Request, handle: int) -> None:
+    """Make ``request`` hold MPI handle ``handle``."""
+    _HANDLE.from_address(_HANDLE_AT(request)).value = handle & _BITS
+
+
+class _Mpix:
+    """Generalized requests that MPI's own completion calls carry out: MPICH's (and
+    Intel MPI's) ``MPIX_Grequest_start``, whose poll and wait functions MPI_Test,
+    MPI_Wait and MPI_Waitall call. Where no thread carries out the queue, these
+    functions do (the queue up to the request's call), so that ``MPI.Request.Waitall``
+    over ringmpi's requests and MPI's own completes them all."""
+
+    def __init__(self) -> None:
+        self._lib: Any = None
+        self._jobs: dict[int, Job] = {}  # by the key the functions get as extra_state
+        self._next = 1
+
+    def usable(self) -> bool:
+        if self._lib is None:
+            lib = ctypes.CDLL(_library_path())
+            self._lib = lib if hasattr(lib, "MPIX_Grequest_start") else False
+            if self._lib:
+                self._make(lib)
+        return bool(self._lib)
+
+    def _make(self, lib: Any) -> None:
+        state, status = ctypes.c_void_p, ctypes.c_void_p
+        fn = ctypes.CFUNCTYPE
+        self._types = (
+            fn(ctypes.c_int, state, status),  # query
+            fn(ctypes.c_int, state),  # free
+            fn(ctypes.c_int, state, ctypes.c_int),  # cancel
+            fn(ctypes.c_int, state, status),  # poll
+            fn(ctypes.c_int, ctypes.c_int, ctypes.POINTER(state), ctypes.c_double, status),  # wait
+        )
+        query, free, cancel, poll, wait = self._types
+        self._fns = (query(self._query), free(self._free), cancel(lambda s, c: 0),
+                     poll(self._poll), wait(self._wait))  # fmt: skip
+        self._handle = ctypes.c_uint32()  # an MPICH handle is an int
+        lib.MPIX_Grequest_start.argtypes = [*self._types, state, ctypes.c_void_p]
+        lib.MPI_Status_set_cancelled.argtypes = [status, ctypes.c_int]
+        lib.MPI_Grequest_complete.argtypes = [ctypes.c_uint32]
+        lib.MPI_Status_set_elements.argtypes = [status, ctypes.c_uint32, ctypes.c_int]
+        self._byte = MPI._handleof(MPI.BYTE)
+
+    def start(self, job: Job) -> MPI.Grequest:
+        key = self._next
+        self._next += 1
+        self._jobs[key] = job
+        e = self._lib.MPIX_Grequest_start(*self._fns, key, ctypes.byref(self._handle))
+        if e:
+            raise MPI.Exception(e)
+        handle = self._handle.value
+        job.complete = lambda: self._lib.MPI_Grequest_complete(handle)
+        greq = MPI.Grequest()  # mpi4py's Complete needs its own Start: the handle only
+        set_handle(greq, handle)
+        return greq
+
+    def _carry_out(self, key: int | None) -> int:
+        job = self._jobs.get(key or 0)
+        if job is not None and not job.done and job.queue is not None:
+            job.queue.until(job)
+        return 0
+
+    def _poll(self, key: int | None, status: int) -> int:
+        return self._carry_out(key)
+
+    def _wait(self, count: int, keys: Any, timeout: float, status: int) -> int:
+        for i in range(count):
+            self._carry_out(keys[i])
+        return 0
+
+    def _query(self, key: int | None, status: int) -> int:
+        lib, job = self._lib, self._jobs.get(key or 0)
+        lib.MPI_Status_set_cancelled(status, 0)
+        lib.MPI_Status_set_elements(status, self._byte, 0)
+        if job is not None and job.error is not None and not job.reported:
+            return MPI.ERR_OTHER  # MPI's completion call raises it
+        return 0
+
+    def _free(self, key: int | None) -> int:
+        self._jobs.pop(key or 0, None)
+        return 0
+
+
+_MPIX = _Mpix()

@@ -186,15 +186,16 @@ def open_here() -> list[Trace]:
 @contextmanager
 def recording_for(traces: list[Trace]) -> Iterator[None]:
     """Record this thread's calls into ``traces`` (those open where a nonblocking call
-    started) for the block."""
-    if not traces:
+    started), and into no other, for the block."""
+    before = _mine()
+    if not traces and not before:
         yield
-        return
-    _local.traces = traces
+        return  # this thread's own (the caller's, where no thread carries it out)
+    _local.traces = list(traces)
     _active.extend(traces)
     try:
         yield
     finally:
         for t in traces:
             _active.remove(t)
-        _local.traces = []
+        _local.traces = before

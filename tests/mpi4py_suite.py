@@ -23,8 +23,8 @@ from mpi4py import MPI
 
 import ringmpi
 
-MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_obj", "test_cco_vec", "test_cco_nb_vec",
-           "test_cco_buf_inter", "test_cco_obj_inter"]  # fmt: skip
+MODULES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_pr_buf", "test_cco_obj", "test_cco_vec",
+           "test_cco_nb_vec", "test_cco_buf_inter", "test_cco_obj_inter"]  # fmt: skip
 
 
 class _Outcomes(unittest.TestResult):

@@ -1,4 +1,4 @@
-"""Iallreduce: the all-reduce on the communicator's progress thread, behind an MPI request.
+"""Iallreduce: the all-reduce queued on the communicator, behind an MPI request.
 
 Every result is checked exactly (verify's inputs), for each algorithm, op and
 dtype family, sizes from 0 to large, several calls in flight at once, mixed with
@@ -127,7 +127,7 @@ def test_a_timeout_surfaces_at_wait_naming_the_rank():
     comm = WORLD.Dup()  # a timeout breaks the communicator off: a fresh one (kept)
     late = SIZE - 1
     buf = inputs(1000)
-    ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm).Wait()  # sets the communicator up
+    ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)  # sets the communicator up
     buf = inputs(1000)
     message = None
     if late == RANK:
@@ -145,28 +145,36 @@ def test_a_timeout_surfaces_at_wait_naming_the_rank():
     agree(WORLD, problems)
 
 
-def test_the_progress_thread_ends_with_the_communicator():
+def test_the_progress_thread_ends_with_the_communicator(settings):
+    settings(progress="thread")
     comm = WORLD.Dup()
-    buf = inputs(100)
+    buf = inputs(1 << 14)  # 128 KiB: ringmpi's, not the library's
     ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm).Wait()
     threads = _progress.threading.enumerate()
     before = sum(1 for t in threads if t.name == "ringmpi-progress")
     comm.Free()
     after = sum(1 for t in _progress.threading.enumerate() if t.name == "ringmpi-progress")
     problems = [] if after == before - 1 else [f"progress threads {before} -> {after}"]
-    agree(WORLD, problems + mismatch("freed", buf, expected(100)))
+    agree(WORLD, problems + mismatch("freed", buf, expected(1 << 14)))
 
 
-def test_repeats_are_remembered_again_once_the_queue_is_empty():
-    from ringmpi import _api
-
+@pytest.mark.parametrize("progress", ["thread", "wait"])
+def test_a_repeat_never_overtakes_a_queued_call(settings, progress):
+    settings(progress=progress)
+    comm = WORLD.Dup()  # a queue of its own, made under this setting
     buf = inputs(64)
-    ringmpi.Iallreduce(MPI.IN_PLACE, inputs(64)).Wait()  # WORLD has a progress thread
-    for k in range(3):
+    for k in range(3):  # remembered: from the third call on, a repeat
         buf[...] = inputs(64, k=k)
-        ringmpi.Allreduce(MPI.IN_PLACE, buf)
-    problems = [] if id(buf) in _api._last else ["the blocking repeat was not remembered"]
-    queued = ringmpi.Iallreduce(MPI.IN_PLACE, inputs(1 << 16))  # forgets it while queued
-    problems += [] if id(buf) not in _api._last else ["a repeat stayed remembered"]
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)
+    big = inputs(1 << 16, k=7)
+    queued = ringmpi.Iallreduce(MPI.IN_PLACE, big, comm=comm)
+    buf[...] = inputs(64, k=3)
+    ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)  # the queued call runs first
+    problems = [] if queued._job.done else ["the blocking repeat overtook the queued call"]
     queued.Wait()
-    agree(WORLD, problems + mismatch("repeat", buf, expected(64, k=2)))
+    for k in range(4, 6):  # and the repeat comes back once nothing is queued
+        buf[...] = inputs(64, k=k)
+        ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)
+    comm.Free()
+    problems += mismatch("queued", big, expected(1 << 16, k=7))
+    agree(WORLD, problems + mismatch("repeat", buf, expected(64, k=5)))

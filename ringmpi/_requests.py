@@ -1,0 +1,343 @@
+"""Nonblocking and persistent collectives: one prepared call, started and completed.
+
+A :class:`Prepared` call is made once from checked arguments: either the MPI
+library's own persistent request (small buffers, which the library's
+log-depth call serves best; what ringmpi cannot reduce; MPI without
+MPI_THREAD_MULTIPLE), or a ringmpi algorithm that each start queues on the
+communicator's progress thread (:mod:`ringmpi._progress`). Starting never
+waits for another rank. ``Iallreduce`` & co. start a prepared call once;
+``Allreduce_init`` & co. return a :class:`Prequest` that starts it again and
+again, as MPI-4's persistent collectives do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from mpi4py import MPI
+
+from . import _api, _halves, _progress, _trace
+from ._comm import check_comm, context
+from ._errors import RingMPIError, UnsupportedError
+from .kernels import AVG
+
+__all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
+           "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
+           "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
+
+# Below this many bytes a nonblocking or persistent call is the library's own: the
+# hand-off to a progress thread costs more than the call (docs/performance.md).
+OWN_FROM_BYTES = _halves.RING_FROM_BYTES
+
+
+class Prepared:
+    """A collective made ready once, from checked arguments: ``run()`` carries it out
+    with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
+    the library's own request for it (its ``*_init`` or its nonblocking call)."""
+
+    __slots__ = ("comm", "library", "name", "run", "timeout")
+
+    def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
+                 library: Callable[[bool], Any]) -> None:  # fmt: skip
+        self.name = name  # the collective, as MPI names it
+        self.comm = comm  # the user's communicator
+        self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
+        self.run = run  # ringmpi's call, None where it is the library's
+        self.library = library
+
+    def start(self) -> _progress.Request:
+        """Queue ringmpi's call on the communicator's progress queue: its request
+        completes when it is done."""
+        assert self.run is not None
+        return _progress.start(context(self.comm, self.timeout), _progress.Job(self.run))
+
+
+def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout: float,
+             run: Callable[[], None] | None,
+             library: Callable[[bool], Any]) -> Prepared:  # fmt: skip
+    """The prepared call: ringmpi's ``run`` (None: what ringmpi cannot do) where it
+    pays, else the library's: under auto, small buffers, for which queueing the
+    call costs more than the library's whole call (unless a timeout is set: the
+    library's request cannot give up)."""
+    if run is None or algorithm == "mpi":
+        return Prepared(name, comm, timeout, None, library)
+    comm = check_comm(comm)
+    if algorithm == "auto" and nbytes < OWN_FROM_BYTES and op is not AVG and not timeout:
+        return Prepared(name, comm, timeout, None, library)
+    return Prepared(name, comm, timeout, run, library)
+
+
+class Prequest(MPI.Prequest):
+    """A persistent collective that runs ringmpi's algorithm: ``Start`` it, complete it
+    with ``Wait`` or ``Test``, start it again, as often as wanted; ``Free`` it at the
+    end. Between a start and its completion the buffers are the call's; between a
+    completion and the next start their contents may change.
+
+    ``ringmpi.Prequest.Startall`` starts a list that mixes these with MPI's own
+    persistent requests; MPI's ``Startall`` cannot start ringmpi's. Where a thread
+    carries out the calls (the ``progress`` setting), ``MPI.Request.Waitall`` and
+    the like complete these beside MPI's own requests; else only their own ``Wait``
+    and ``Test`` do."""
+
+    _call: Prepared | None = None
+    _job: _progress.Job | None = None
+
+    @classmethod
+    def made(cls, call: Prepared) -> MPI.Prequest:
+        """The persistent request of ``call``: the library's own, where it is the
+        library's call (it costs what the library's costs), else one of these."""
+        if call.run is None:
+            if _trace._active:
+                _trace.record_call("mpi")
+            return call.library(True)
+        request = cls()
+        request._call = call
+        return request
+
+    def Start(self) -> None:
+        call = self._call
+        if call is None:
+            raise RingMPIError("Start: the request was freed")
+        if self._job is not None and not self._job.done:
+            raise RingMPIError(f"Start: this {call.name} request is active: complete it "
+                               "(Wait, Test) before starting it again")  # fmt: skip
+        greq = call.start()
+        self._job = greq._job
+        _progress.set_handle(self, greq.handle)
+        _progress.set_handle(greq, MPI.REQUEST_NULL.handle)  # this request completes it now
+
+    @classmethod
+    def Startall(cls, requests: list[MPI.Prequest]) -> None:
+        """Start every request: ringmpi's own and MPI's alike."""
+        theirs = []
+        for request in requests:
+            if isinstance(request, Prequest):
+                request.Start()
+            else:
+                theirs.append(request)
+        if theirs:
+            MPI.Prequest.Startall(theirs)
+
+    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+        job = self._job
+        if job is not None:
+            _progress.finish(job)
+            job.reported = True
+        MPI.Prequest.Wait(self, status)
+        self._raise(job)
+        return True
+
+    def Test(self, status: MPI.Status | None = None) -> bool:
+        job = self._job
+        if job is not None and not _progress.progressed(job):
+            return False
+        if job is not None:
+            job.reported = True
+        done = MPI.Prequest.Test(self, status)
+        self._raise(job)
+        return done
+
+    def Free(self) -> None:
+        """Release the request (completing a started call first)."""
+        if self._job is not None:
+            self.Wait()
+        self._call = None
+
+    def wait(self, status: MPI.Status | None = None) -> None:
+        self.Wait(status)
+
+    def test(self, status: MPI.Status | None = None) -> tuple[bool, None]:
+        return self.Test(status), None
+
+    def _raise(self, job: _progress.Job | None) -> None:
+        if job is not None and self._job is job:
+            self._job = None
+            if job.error is not None:
+                raise job.error
+
+
+def started(call: Prepared) -> MPI.Request:
+    """Start ``call`` once: its request (a nonblocking collective)."""
+    if call.run is None:
+        if _trace._active:
+            _trace.record_call("mpi")
+        return call.library(False)
+    return call.start()
+
+
+# --- the collectives ------------------------------------------------------------------
+
+
+def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
+               validate: bool | None, timeout: float | None,
+               reproducible: bool | None) -> Prepared:  # fmt: skip
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    if op is None:
+        op = MPI.SUM
+    call = _api._parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
+
+    def library(persistent: bool) -> MPI.Request:
+        make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
+        return make(call.comm, sendbuf, recvbuf, op)
+
+    if call.library:
+        return prepared("Allreduce", call.comm, 0, op, algorithm, call.timeout, None, library)
+    recv = call.recv
+    assert recv is not None and isinstance(call.comm, MPI.Intracomm)
+    # The blocking call as given: where it repeats, the arrays' checks and auto's
+    # choice are remembered, and it runs from C.
+    given: dict[str, Any] = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
+             "reproducible": reproducible}  # fmt: skip
+    keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
+
+    def run() -> None:
+        _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)
+
+    nbytes = call.nitems * recv.itemsize
+    return prepared("Allreduce", call.comm, nbytes, op, algorithm, call.timeout, run, library)
+
+
+def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None,
+               *, algorithm: str = "auto", validate: bool | None = None,
+               timeout: float | None = None, reproducible: bool | None = None
+               ) -> MPI.Request:  # fmt: skip
+    """Start :func:`~ringmpi.Allreduce` and return its request, like ``comm.Iallreduce``.
+
+    The arguments are checked here (errors raise before any message); the call
+    then runs on the communicator's progress thread, in the order the calls were
+    made, while this thread goes on. ``Wait``/``Test`` on the request (or
+    ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
+    error (a timeout, ranks that disagree) with the blocking call's message.
+    Leave the buffers alone until then. A blocking call on the same communicator
+    first waits for the nonblocking ones started before it. Under auto, buffers
+    below 64 KiB go to the library's own ``comm.Iallreduce``, as do calls
+    ringmpi cannot reduce itself and, where MPI was not initialized with
+    MPI_THREAD_MULTIPLE, every call (with a warning, once).
+    """
+    return started(_allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                              reproducible))  # fmt: skip
+
+
+def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                   comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                   validate: bool | None = None, timeout: float | None = None,
+                   reproducible: bool | None = None) -> MPI.Prequest:  # fmt: skip
+    """A persistent all-reduce, like MPI-4's ``comm.Allreduce_init``: checked and
+    prepared here, carried out at each ``Start`` and completed by ``Wait``/``Test``.
+
+    Each start runs as :func:`Iallreduce` would (the same choice of ringmpi's
+    algorithm or the library's persistent request); the arrays' contents may change
+    between completions and the next start. See :class:`~ringmpi.Prequest`.
+    """
+    return Prequest.made(_allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                    reproducible))  # fmt: skip
+
+
+def _half(name: str, sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
+          timeout: float | None, run: Callable[[], None],
+          library: Callable[[bool], Any], op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+    """A reduce-scatter or all-gather prepared: what can be checked before it runs is
+    checked here (the algorithm, the communicator, ``recvbuf``); the rest, as the
+    blocking call checks it, at each start."""
+    checked = _halves._check(name, algorithm, timeout, comm)
+    if checked is None:  # an inter-communicator
+        return prepared(name, comm, 0, op, algorithm, 0.0, None, library)
+    ctx, waits = checked
+    try:
+        recv = _halves._writable(recvbuf)
+    except UnsupportedError:
+        return prepared(name, comm, 0, op, algorithm, waits, None, library)
+    # What auto's choice goes by, as the blocking call's: the all-gather's whole
+    # buffer, the reduce-scatter's input.
+    in_place = sendbuf is None or sendbuf is MPI.IN_PLACE
+    nbytes = recv.nbytes
+    if name != "Allgather" and not in_place:
+        nbytes = _halves._as_array(sendbuf, "sendbuf").nbytes
+    return prepared(name, ctx.comm if comm is None else comm, nbytes, op, algorithm, waits, run,
+                    library)  # fmt: skip
+
+
+_NONBLOCKING: dict[str, Any] = {
+    "Reduce_scatter_block": MPI.Comm.Ireduce_scatter_block,
+    "Reduce_scatter": MPI.Comm.Ireduce_scatter,
+    "Allgather": MPI.Comm.Iallgather,
+}
+_PERSISTENT: dict[str, Any] = {"Reduce_scatter_block": MPI.Comm.Reduce_scatter_block_init,
+               "Reduce_scatter": MPI.Comm.Reduce_scatter_init,
+               "Allgather": MPI.Comm.Allgather_init}  # fmt: skip
+
+
+def _library(name: str, comm: Any, *args: Any) -> Callable[[bool], Any]:
+    """The library's persistent or nonblocking request for collective ``name``."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    return lambda persistent: (_PERSISTENT if persistent else _NONBLOCKING)[name](comm, *args)
+
+
+def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
+    def run() -> None:
+        _halves.Reduce_scatter_block(sendbuf, recvbuf, op, comm, algorithm=algorithm,
+                                     timeout=timeout)  # fmt: skip
+
+    library = _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
+    return _half("Reduce_scatter_block", sendbuf, recvbuf, comm, algorithm, timeout, run, library,
+                 op)  # fmt: skip
+
+
+def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
+    def run() -> None:
+        _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, comm, algorithm=algorithm,
+                               timeout=timeout)  # fmt: skip
+
+    library = _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
+    return _half("Reduce_scatter", sendbuf, recvbuf, comm, algorithm, timeout, run, library, op)
+
+
+def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
+    def run() -> None:
+        _halves.Allgather(sendbuf, recvbuf, comm, algorithm=algorithm, timeout=timeout)
+
+    library = _library("Allgather", comm, sendbuf, recvbuf)
+    return _half("Allgather", sendbuf, recvbuf, comm, algorithm, timeout, run, library)
+
+
+def Ireduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                          comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                          timeout: float | None = None) -> MPI.Request:  # fmt: skip
+    """Start :func:`~ringmpi.Reduce_scatter_block`; its request, as :func:`Iallreduce`'s."""
+    return started(_rsb(sendbuf, recvbuf, op, comm, algorithm, timeout))
+
+
+def Ireduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
+                    comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                    timeout: float | None = None) -> MPI.Request:  # fmt: skip
+    """Start :func:`~ringmpi.Reduce_scatter`; its request, as :func:`Iallreduce`'s."""
+    return started(_rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout))
+
+
+def Iallgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
+               algorithm: str = "auto", timeout: float | None = None) -> MPI.Request:  # fmt: skip
+    """Start :func:`~ringmpi.Allgather`; its request, as :func:`Iallreduce`'s."""
+    return started(_allgather(sendbuf, recvbuf, comm, algorithm, timeout))
+
+
+def Reduce_scatter_block_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
+                              comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                              timeout: float | None = None) -> MPI.Prequest:  # fmt: skip
+    """A persistent :func:`~ringmpi.Reduce_scatter_block`, as :func:`Allreduce_init`."""
+    return Prequest.made(_rsb(sendbuf, recvbuf, op, comm, algorithm, timeout))
+
+
+def Reduce_scatter_init(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
+                        comm: MPI.Intracomm | None = None, *, algorithm: str = "auto",
+                        timeout: float | None = None) -> MPI.Prequest:  # fmt: skip
+    """A persistent :func:`~ringmpi.Reduce_scatter`, as :func:`Allreduce_init`."""
+    return Prequest.made(_rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout))
+
+
+def Allgather_init(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
+                   algorithm: str = "auto",
+                   timeout: float | None = None) -> MPI.Prequest:  # fmt: skip
+    """A persistent :func:`~ringmpi.Allgather`, as :func:`Allreduce_init`."""
+    return Prequest.made(_allgather(sendbuf, recvbuf, comm, algorithm, timeout))

@@ -25,7 +25,7 @@ ROUNDS = 9
 
 def _cases(n: int):
     """(collective, bytes, sendbuf, recvbuf, expected): float32 SUM of small integers."""
-    for nbytes in (8, 64 << 10, 4 << 20):
+    for nbytes in (8, 64 << 10, 1 << 20, 4 << 20):
         count = nbytes // 4
         yield "Allreduce_init", nbytes, count, count, count * n
     for name in ("Reduce_scatter_block_init", "Allgather_init"):

@@ -35,8 +35,8 @@ from mpi4py import MPI
 from . import _settings, _trace
 from ._capi import _library_path
 
-__all__ = ["Job", "Progress", "Request", "completed", "finish", "progressed", "set_handle",
-           "start", "threaded", "threads_allowed"]  # fmt: skip
+__all__ = ["Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
+           "set_handle", "start", "threaded", "threads_allowed"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -242,31 +242,38 @@ class Progress:
                 self._cv.notify_all()
 
 
-def threaded(ctx) -> bool:
-    """Whether ``ctx``'s nonblocking calls get a progress thread: the ``progress``
-    setting. Under auto, a thread where this rank has a spare core for it (two cores
-    of its own where it is bound to some, else twice as many cores on the node as
-    ranks) and MPI allows threads; else the calls are carried out in the completion
-    calls, unless MPI's own (``MPI.Request.Waitall``) could not carry them out (no
-    MPIX_Grequest_start: Open MPI), where a thread is the one way that never hangs."""
+def mode(ctx) -> str:
+    """Who carries out ``ctx``'s nonblocking calls: ``"thread"``, ``"wait"`` (the
+    completion calls), or ``"library"`` (ringmpi hands them to the library's own
+    nonblocking and persistent calls). The ``progress`` setting; under auto, a thread
+    where this rank has a spare core for it (two cores of its own where it is bound
+    to some, else twice as many cores on the node as ranks) and MPI allows threads;
+    else the completion calls where MPI's own (``MPI.Request.Waitall``) can carry
+    them out too (MPIX_Grequest_start: MPICH, Intel MPI), else the library."""
     if ctx.progress is not None:
-        return ctx.progress.threaded
-    mode = _settings.current().progress
-    if mode == "wait":
-        return False
+        return "thread" if ctx.progress.threaded else "wait"
+    setting = _settings.current().progress
+    if setting == "wait":
+        return "wait"
     if not threads_allowed():
-        if mode == "thread":
+        if setting == "thread":
             warn_no_threads()
-        return False
-    if mode == "thread":
-        return True
+        return "wait"
+    if setting == "thread":
+        return "thread"
     try:
         mine = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         mine = os.cpu_count() or 1
     node = os.cpu_count() or 1
-    spare = mine >= 2 if mine < node else node >= 2 * ctx.node.Get_size()
-    return spare or not _MPIX.usable()
+    if (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size()):
+        return "thread"
+    return "wait" if _MPIX.usable() else "library"
+
+
+def threaded(ctx) -> bool:
+    """Whether a progress thread carries out ``ctx``'s nonblocking calls."""
+    return mode(ctx) == "thread"
 
 
 def threads_allowed() -> bool:
@@ -306,7 +313,7 @@ def start(ctx, job: Job, request: bool = True) -> Request | None:
     """Queue ``job`` on ``ctx``'s progress thread (made on first use); returns its
     request, or None when ``request`` is False (``job.then`` reports instead)."""
     if ctx.progress is None:
-        ctx.progress = Progress(threaded(ctx))
+        ctx.progress = Progress(mode(ctx) == "thread")
     req = None
     if request:
         if ctx.progress.threaded or not _MPIX.usable():

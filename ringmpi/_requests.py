@@ -26,9 +26,10 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
            "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
 
-# Below this many bytes a nonblocking or persistent call is the library's own: the
-# hand-off to a progress thread costs more than the call (docs/performance.md).
-OWN_FROM_BYTES = _halves.RING_FROM_BYTES
+# Below this many bytes auto's nonblocking or persistent call is the library's own: a
+# request of ringmpi's costs about 30 us more than its blocking call, more than the
+# ring and the shared window save below this (docs/performance.md).
+OWN_FROM_BYTES = 1 << 20
 
 
 class Prepared:
@@ -57,13 +58,16 @@ def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout
              run: Callable[[], None] | None,
              library: Callable[[bool], Any]) -> Prepared:  # fmt: skip
     """The prepared call: ringmpi's ``run`` (None: what ringmpi cannot do) where it
-    pays, else the library's: under auto, small buffers, for which queueing the
-    call costs more than the library's whole call (unless a timeout is set: the
-    library's request cannot give up)."""
+    pays, else the library's. Under auto (unless a timeout is set, which the
+    library's request cannot honour): buffers below OWN_FROM_BYTES, for which the
+    request's own cost outweighs what ringmpi saves, and every call where neither
+    a thread nor the completion calls can carry it out (:func:`_progress.mode`)."""
     if run is None or algorithm == "mpi":
         return Prepared(name, comm, timeout, None, library)
     comm = check_comm(comm)
-    if algorithm == "auto" and nbytes < OWN_FROM_BYTES and op is not AVG and not timeout:
+    if algorithm == "auto" and op is not AVG and not timeout and (
+        nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library"
+    ):
         return Prepared(name, comm, timeout, None, library)
     return Prepared(name, comm, timeout, run, library)
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-BIG = 1 << 14  # float64 elements: 128 KiB, ringmpi's own under auto
+BIG = 1 << 17  # float64 elements: 1 MiB, ringmpi's own under auto
 STARTS = 4
 
 

@@ -65,8 +65,11 @@ def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout
     if run is None or algorithm == "mpi":
         return Prepared(name, comm, timeout, None, library)
     comm = check_comm(comm)
-    if algorithm == "auto" and op is not AVG and not timeout and (
-        nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library"
+    if (
+        algorithm == "auto"
+        and op is not AVG
+        and not timeout
+        and (nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library")
     ):
         return Prepared(name, comm, timeout, None, library)
     return Prepared(name, comm, timeout, run, library)

@@ -21,7 +21,8 @@ import ringmpi
 from ringmpi import kernels, verify
 from ringmpi.algorithms import shared
 
-pytestmark = pytest.mark.mpi
+# matrix: the exactness matrices, which make test-family runs at one rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi", "auto")
 STEPPED = ("ring", "recursive_doubling", "rabenseifner")  # ringmpi's own, run by the engine

@@ -31,7 +31,8 @@ import ringmpi
 from ringmpi import kernels
 from ringmpi.schedule import chunk_bounds
 
-pytestmark = pytest.mark.mpi
+# matrix: the exactness matrices, which make test-family runs at one rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD
 N, RANK = WORLD.Get_size(), WORLD.Get_rank()

@@ -21,7 +21,8 @@ from ringmpi import kernels, tuning, verify
 from ringmpi.algorithms import hierarchical, latency
 from ringmpi.schedule import chunk_bounds
 
-pytestmark = pytest.mark.mpi
+# matrix: the exactness matrices, which make test-family runs at one rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD
 LAYOUTS = [(k, p) for k in (1, 2, 3, 4) for p in ("block", "cyclic")]

@@ -41,7 +41,8 @@ from mpi4py import MPI
 import ringmpi
 from ringmpi import algorithms, kernels
 
-pytestmark = pytest.mark.mpi
+# matrix: the exactness matrices, which make test-family runs at one rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -20,7 +20,8 @@ import ringmpi
 import ringmpi._comm
 from ringmpi import algorithms, kernels, verify
 
-pytestmark = pytest.mark.mpi
+# matrix: the exactness matrices, which make test-family runs at one rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

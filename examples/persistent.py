@@ -8,11 +8,13 @@ For each collective and size, one persistent request of each kind is made
 until auto's tuner has settled (untimed), then timed in 9 rounds in which the
 two take turns, each round a barrier and a loop of Start + Wait; a round's
 time is the slowest rank's. Prints the median µs a start of each, their ratio,
-what ringmpi ran, and whether the last result was exact on every rank.
+what ringmpi ran, and whether the last result was exact on every rank (exits 1
+if one was not).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -45,6 +47,7 @@ def _request(comm, name: str, send: np.ndarray, recv: np.ndarray):
 def main() -> None:
     world = MPI.COMM_WORLD
     wrapped, n, rank = ringmpi.Comm(world), world.size, world.rank
+    all_exact = True
     if rank == 0:
         print(f"# {MPI.Get_library_version().splitlines()[0].strip()}, {n} ranks")
         print(f"{'collective':<26} {'bytes':>8} {'ringmpi us':>11} {'library us':>11} "
@@ -71,12 +74,15 @@ def main() -> None:
                 times[kind].append(world.allreduce((time.perf_counter() - t0) / calls, MPI.MAX))
         exact = np.array_equal(bufs["ringmpi"], bufs["library"])  # integers: exact in any order
         exact = world.allreduce(exact, op=MPI.LAND)
+        all_exact = all_exact and exact
         for req in requests.values():
             req.Free()
         if rank == 0:
             ours_us, theirs_us = (float(np.median(times[k])) * 1e6 for k in requests)
             print(f"{name:<26} {nbytes:>8} {ours_us:>11.2f} {theirs_us:>11.2f} "
                   f"{ours_us / theirs_us:>6.2f}  {ran:<4} {exact}")  # fmt: skip
+    if not all_exact:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

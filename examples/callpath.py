@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _api
+from ringmpi import _repeat
 
 
 def main() -> None:
@@ -30,8 +30,8 @@ def main() -> None:
     ringmpi.configure(algorithm="mpi")  # what auto runs: as a user calls it, no keywords
     for _ in range(5):  # from the second call on, the repeat path
         call(in_place, a, op, comm)
-    hit = _api._last[id(a)]
-    compiled, cells = hit[4], hit[6]
+    hit = _repeat.latest[id(a)]
+    compiled, cells = hit.in_place, hit.cells
     paths = {
         "raw": lambda: comm.Allreduce(in_place, a, op),
         "api": lambda: call(in_place, a, op, comm),

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import time
-import weakref
 from typing import Any, NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _direct, _progress, _settings, _trace, algorithms
+from . import _direct, _progress, _repeat, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
-from ._cache import Bounded, derived
 from ._comm import Context, check_comm, context, polled, ready
 from ._errors import RingMPIError, UnsupportedError
 from ._settings import configure, configured
-from .algorithms import tuner
 from .kernels import Reduction, reduction
 
 # configure and configured are the settings' (the API names them from here, where the
@@ -56,10 +52,10 @@ def Allreduce(
     bitwise the same whatever the algorithm and the placement of ranks. The
     defaults are :func:`ringmpi.configure`'s settings.
     """
-    # A repeat of an earlier call on the very same objects (see _repeat, which
-    # lays out `hit`), run here, inline, as it is the hot path. `run` checks the
+    # A repeat of an earlier call on the very same objects (a ringmpi._repeat.Entry),
+    # run here, inline, as it is the hot path. `run` checks the
     # arrays (compiled, for the library's call) and sends nothing if they changed.
-    hit = _last.get(id(recvbuf))
+    hit = _latest.get(id(recvbuf))
     if hit is not None:
         recv_ref, send_ref, args, settings, in_place, run, cells = hit
         if (
@@ -83,9 +79,9 @@ def Allreduce(
     if op is None:
         op = MPI.SUM
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
-    found = _repeats.get(key)
+    found = _entries.get(key)
     if found is not None and found is not hit:  # several calls on one recvbuf take turns
-        _last[id(recvbuf)] = found
+        _latest[id(recvbuf)] = found
         return Allreduce(sendbuf, recvbuf, op, comm, algorithm=algorithm, validate=validate,
                          timeout=timeout, reproducible=reproducible)  # fmt: skip
     given = (key, sendbuf, recvbuf, op, comm)
@@ -99,7 +95,7 @@ def Allreduce(
     done = _run(call.send, call.recv, call.nitems, call.red, call.comm, algorithm, call.validate,
                 call.timeout, call.ordered)  # fmt: skip
     if done is not None:
-        _remember(given, call.send, call.recv, call.nitems, call.red, *done)
+        _repeat.remember(given, call.send, call.recv, call.nitems, call.red, *done)
 
 
 class _Call(NamedTuple):
@@ -185,6 +181,11 @@ def _library_allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Comm,
             "for the other ranks (MPI does not say which) without progress (timeout)"
         )
 
+
+# What the hot path reads, as module globals (one lookup each).
+_NOW, _TRACES, _PENDING = _settings._now, _trace._active, _progress.pending
+_IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
+_entries, _latest = _repeat.entries, _repeat.latest
 
 # What users call: a builtin that runs repeats of the library's call from C
 # (ringmpi._direct) and every other call through the function above.
@@ -315,144 +316,6 @@ def _run(
         else:
             recv.flat[:count] = work
     return None if validate or isinstance(algo, algorithms.Trial) else (ctx, algo, timeout)
-
-
-# --- calls that repeat -------------------------------------------------------------
-# A loop that all-reduces the same arrays again and again (gradients, residuals) pays
-# for the argument checks and lookups above on every call, as much as a small
-# MPI_Allreduce itself (docs/performance.md). So calls are remembered -- their arrays by weak
-# reference, with what was derived from them -- and a call with the very same
-# objects goes straight to the algorithm, after checking everything that could make
-# it differ: the arrays' shape, dtype and flags, the settings snapshot, an open
-# trace (which takes the full path, to be recorded). A freed or broken-off
-# communicator empties these caches (_cache.changed). A call is remembered only
-# once the same objects come a second time, so that calls on ever new arrays
-# (allreduce(), buffer specs) pay almost nothing for it.
-
-# Keyed by the ids of (recvbuf, sendbuf, op, comm) and the other arguments; an
-# entry (see _repeat) holds what confirms the objects (the arrays by weak
-# reference) and the function that repeats the call. _last holds, per recvbuf,
-# the entry its latest call ran: one int lookup finds it.
-# Room for a training step's arrays, one per parameter, often a few hundred
-# (docs/performance.md has what too little room cost).
-_KEPT = 1024
-# What the hot path reads, as module globals (one lookup each).
-_NOW, _TRACES, _PENDING = _settings._now, _trace._active, _progress.pending
-_IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
-_repeats: Bounded[tuple, Any] = derived(Bounded(_KEPT))
-_last: Bounded[int, Any] = derived(Bounded(_KEPT))
-_seen: Bounded[tuple, None] = derived(Bounded(_KEPT))  # keys met once
-
-
-def _repeat(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: int,
-            timeout: float) -> tuple:  # fmt: skip
-    """What Allreduce checks to repeat a call on the same arguments, and runs:
-    (recvbuf and sendbuf by weak reference, None in place; (op, comm, algorithm,
-    validate, timeout, reproducible), equal ones naming the same; the settings
-    snapshot; in_place(recvbuf, cells); run(recvbuf, sendbuf, cells); cells). The
-    two calls return 0, an MPI error code, or STALE when the arrays' shape, dtype
-    or flags are no longer those of this call."""
-    sendbuf, recvbuf, *rest = args
-    settings = _settings.current()
-    made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
-    if made is not None:
-        in_place, run, cells = made
-        if rest[2:] == ["auto", None, None, None]:  # a call with positional arguments only
-            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells, settings)
-    else:
-        in_place, run, cells = _checked(algorithms.repeater(algo, red, ctx, count, timeout),
-                                        recv, send)  # fmt: skip
-    return (weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-            tuple(rest), settings, in_place, run, cells)  # fmt: skip
-
-
-def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
-    """(in_place, run, None) for ``again(work, source)``, which takes 1-D arrays of
-    this call's dtype and size: each checks the arrays first."""
-    shape, dtype = recv.shape, recv.dtype
-    send_shape = None if send is None else send.shape
-    flat = recv.ndim != 1 or (send is not None and send.ndim != 1)
-
-    def in_place(recvbuf: np.ndarray, _) -> int:
-        if recvbuf.shape != shape or recvbuf.dtype is not dtype or not recvbuf.flags.carray:
-            return _STALE  # carray: C-contiguous, aligned and writeable, in one lookup
-        work = recvbuf.reshape(-1) if flat else recvbuf  # a view of the same memory
-        again(work, work)
-        return 0
-
-    def run(recvbuf: np.ndarray, sendbuf: np.ndarray, _) -> int:
-        if (
-            recvbuf.shape != shape
-            or recvbuf.dtype is not dtype
-            or not recvbuf.flags.carray
-            or sendbuf.shape != send_shape
-            or sendbuf.dtype is not dtype
-            or not sendbuf.flags.c_contiguous
-        ):
-            return _STALE
-        if flat:
-            again(recvbuf.reshape(-1), sendbuf.reshape(-1))
-        else:
-            again(recvbuf, sendbuf)
-        return 0
-
-    return in_place, run, None
-
-
-def _remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo,
-              timeout: float) -> None:  # fmt: skip
-    """Keep what a repeat of this call needs, if it can be repeated that way."""
-    key, sendbuf, recvbuf, op, comm = given
-    algorithm, validate, timeout_arg, reproducible = key[4:]
-    simple = (
-        isinstance(recvbuf, np.ndarray)
-        and recvbuf.flags.c_contiguous
-        and recv.size == count > 0
-        and (
-            sendbuf is MPI.IN_PLACE
-            or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
-        )
-        and not _trace._active  # a traced call takes the full path, to be recorded
-        # a repeat does not wait for queued nonblocking calls: none may be queued
-        and not _PENDING
-    )
-    if not simple:
-        return
-    if key not in _seen:  # not a repeat (yet)
-        _seen.put(key, None)
-        return
-    args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    hit = _repeat(args, send, recv, ctx, algo, red, count, timeout)
-    _last.put(id(recvbuf), _repeats.put(key, hit))
-
-
-def repeat_seconds() -> float:
-    """What the API's Python repeat path itself adds to a call, in seconds: a
-    remembered call whose algorithm does nothing, timed (the fastest of five runs
-    of 200 calls; measured once; 0 inside a trace, which takes the full path).
-    Auto's tuner charges it to candidates that a repeat reaches through Python."""
-    if _trace._active:
-        return 0.0
-    if not _REPEAT_SECONDS:
-        a = np.zeros(1, np.float32)
-        in_place, run, cells = _checked(lambda work, source: None, a, None)
-        args = (MPI.SUM, None, "auto", None, None, None)
-        _last[id(a)] = (weakref.ref(a), None, args, _settings.current(), in_place, run, cells)
-        best = float("inf")
-        try:
-            for _ in range(5):
-                t0 = time.perf_counter()
-                for _ in range(200):
-                    Allreduce(MPI.IN_PLACE, a)
-                best = min(best, (time.perf_counter() - t0) / 200)
-        finally:
-            _last.pop(id(a), None)
-        _REPEAT_SECONDS.append(best)
-    return _REPEAT_SECONDS[0]
-
-
-_REPEAT_SECONDS: list[float] = []
-tuner.python_repeat_seconds = repeat_seconds
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

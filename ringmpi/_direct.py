@@ -63,8 +63,8 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "install",
-           "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
+__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "entry_point",
+           "install", "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -182,6 +182,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     """``ringmpi.Allreduce``: a builtin that runs remembered calls of ``python`` in C
     and every other call through ``python``; ``python`` itself where it cannot."""
     if not _layout_ok():
+        _state["entry"] = python
         return python
     holder = _holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
     holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES, PENDING]] = [
@@ -200,9 +201,14 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
     doc = _text_signature(python) + (python.__doc__ or "")
     builtin = _builtin(python.__name__, doc, python.__module__, holder, vectorcall)
-    _state.update(holder=holder, builtin=builtin, methods=[])
+    _state.update(holder=holder, builtin=builtin, methods=[], entry=builtin)
     _cache.derived(_Entries())
     return builtin
+
+
+def entry_point() -> Callable[..., Any]:
+    """What :func:`entry` made: ``ringmpi.Allreduce`` (once the API is loaded)."""
+    return _state["entry"]
 
 
 def method(python: Callable[..., Any]) -> Any:

@@ -46,7 +46,7 @@ def test_repeated_calls_on_the_same_arrays(algorithm, in_place, shape):
             send[...] = x
             ringmpi.Allreduce(send, recv, algorithm=algorithm)
         problems += mismatch(f"call {k}", recv, expected(count) * (k + 1))
-    if not any(e[0]() is recv for e in ringmpi._api._repeats.values()):
+    if not any(e.recv() is recv for e in ringmpi._repeat.entries.values()):
         problems.append("the calls were not remembered: the repeat path was not taken")
     agree(WORLD, problems)
 

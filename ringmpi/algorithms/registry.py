@@ -72,9 +72,6 @@ class Algorithm:
     # Its per-communicator state: State(ctx), made on first use by ctx.state(name),
     # freed (state.free()) with the communicator.
     state: type | None = None
-    # prepare(red, ctx, timeout) -> again(work, source): the call once more with the
-    # least Python, for calls that repeat; None: a plan algorithm's engine repeat.
-    prepare: Callable[..., Any] | None = None
     # direct(red, ctx, count, timeout) -> (in_place, from, cells) or None: the call
     # prepared as cells (ringmpi._capi's CELL_* layout), which the API's C repeat
     # path makes with no Python between, and in_place(work, cells) and
@@ -91,7 +88,7 @@ class Algorithm:
         """The record a half-type call runs: its half path, repeated as a plain call."""
         if self.half is None:
             raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
-        return replace(self, run=self.half, plan=None, prepare=None, direct=None)
+        return replace(self, run=self.half, plan=None, direct=None)
 
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -201,8 +198,6 @@ def repeater(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout:
         run = _engine.prepare(plan, red, ctx, algo.name, timeout)
     elif made is not None:
         run = _direct_again(algo, red, ctx, timeout, made)
-    elif algo.prepare is not None:
-        run = algo.prepare(red, ctx, timeout)
     if run is None:
         fn = algo.run
 

@@ -34,7 +34,6 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,7 +123,9 @@ class Trial:
                 again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)
                 direct = self.candidate.direct
                 if direct is None or direct(red, ctx, work.size, timeout) is None:
-                    trials.charged[i] = python_repeat_seconds()
+                    from .. import _repeat  # noqa: PLC0415 -- it imports this package
+
+                    trials.charged[i] = _repeat.python_seconds()
             if timed and work.nbytes <= _LEAD_BYTES:
                 out, src = trials.copies(key, work, source)
                 again(out, src)  # the ranks come out of it as out of the call before
@@ -156,15 +157,6 @@ class Trial:
 # candidate as the one before left it: after a library that writes it from the
 # other rank's core (a single-copy transfer), it lies in that core's cache.
 _LEAD_BYTES = 4 << 20
-
-
-def _no_python_repeat() -> float:
-    return 0.0
-
-
-# What the API's Python repeat path adds to a call, in seconds: set by ringmpi._api
-# (its repeat_seconds), which imports this package, so this module cannot import it.
-python_repeat_seconds: Callable[[], float] = _no_python_repeat
 
 
 def _together(ctx: Context, timeout: float) -> None:

@@ -21,7 +21,8 @@ class Comm(MPI.Intracomm):
     persistent (``Allreduce_init`` ...) forms, and ``allreduce`` go through ringmpi.
 
     It is the same MPI communicator (a new Python handle to it), so every other
-    method and attribute is the wrapped communicator's own::
+    method and attribute is the wrapped communicator's own (the ``info`` of the
+    ``..._init`` methods is taken and not used: ringmpi reads no hints)::
 
         comm = ringmpi.Comm(MPI.COMM_WORLD)   # the one-line change
     """

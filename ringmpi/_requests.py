@@ -37,7 +37,7 @@ class Prepared:
     with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
     the library's own request for it (its ``*_init`` or its nonblocking call)."""
 
-    __slots__ = ("comm", "library", "name", "run", "timeout")
+    __slots__ = ("comm", "library", "name", "run", "settled", "timeout")
 
     def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
                  library: Callable[[bool], Any]) -> None:  # fmt: skip
@@ -46,6 +46,9 @@ class Prepared:
         self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
         self.run = run  # ringmpi's call, None where it is the library's
         self.library = library
+        # Whether auto's tuner has settled this call on the library's own collective
+        # (a start then starts the library's persistent request), where it can tell.
+        self.settled: Callable[[], bool] | None = None
 
     def start(self) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
@@ -89,6 +92,7 @@ class Prequest(MPI.Prequest):
 
     _call: Prepared | None = None
     _job: _progress.Job | None = None
+    _library: Any = None  # the library's persistent request, once auto settled on it
 
     @classmethod
     def made(cls, call: Prepared) -> MPI.Prequest:
@@ -109,6 +113,15 @@ class Prequest(MPI.Prequest):
         if self._job is not None and not self._job.done:
             raise RingMPIError(f"Start: this {call.name} request is active: complete it "
                                "(Wait, Test) before starting it again")  # fmt: skip
+        if call.settled is not None and call.settled():
+            library = self._library
+            if library is None:
+                library = self._library = call.library(True)
+            MPI.Prequest.Start(library)
+            self._job = None
+            if self.handle != library.handle:  # completed as the library's
+                _progress.set_handle(self, library.handle)
+            return
         greq = call.start()
         self._job = greq._job
         _progress.set_handle(self, greq.handle)
@@ -149,6 +162,10 @@ class Prequest(MPI.Prequest):
         """Release the request (completing a started call first)."""
         if self._job is not None:
             self.Wait()
+        if self._library is not None:
+            MPI.Prequest.Free(self._library)
+            self._library = None
+            _progress.set_handle(self, MPI.REQUEST_NULL.handle)
         self._call = None
 
     def wait(self, status: MPI.Status | None = None) -> None:
@@ -288,8 +305,9 @@ def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
                                      timeout=timeout)  # fmt: skip
 
     library = _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
-    return _half("Reduce_scatter_block", sendbuf, recvbuf, comm, algorithm, timeout, run, library,
+    call = _half("Reduce_scatter_block", sendbuf, recvbuf, comm, algorithm, timeout, run, library,
                  op)  # fmt: skip
+    return _settles(call, algorithm, comm, sendbuf, recvbuf, op)
 
 
 def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
@@ -298,7 +316,8 @@ def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
                                timeout=timeout)  # fmt: skip
 
     library = _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
-    return _half("Reduce_scatter", sendbuf, recvbuf, comm, algorithm, timeout, run, library, op)
+    call = _half("Reduce_scatter", sendbuf, recvbuf, comm, algorithm, timeout, run, library, op)
+    return _settles(call, algorithm, comm, sendbuf, recvbuf, op)
 
 
 def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
@@ -306,7 +325,17 @@ def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
         _halves.Allgather(sendbuf, recvbuf, comm, algorithm=algorithm, timeout=timeout)
 
     library = _library("Allgather", comm, sendbuf, recvbuf)
-    return _half("Allgather", sendbuf, recvbuf, comm, algorithm, timeout, run, library)
+    call = _half("Allgather", sendbuf, recvbuf, comm, algorithm, timeout, run, library)
+    return _settles(call, algorithm, comm, None, recvbuf)
+
+
+def _settles(call: Prepared, algorithm: str, comm: Any, sendbuf: Any, recvbuf: Any,
+             op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+    """``call``, told how to see that auto's tuner settled it on the library's call (as
+    the blocking half asks first: the all-gather by its ``recvbuf``)."""
+    if call.run is not None and algorithm == "auto":
+        call.settled = lambda: _halves._to_library(comm, call.name, sendbuf, recvbuf, op)
+    return call
 
 
 def Ireduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,

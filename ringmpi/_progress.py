@@ -28,14 +28,14 @@ import os
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Literal, cast, overload
 
 from mpi4py import MPI
 
 from . import _settings, _trace
 from ._capi import _library_path
 
-__all__ = ["Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
+__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
            "set_handle", "start", "threaded", "threads_allowed"]  # fmt: skip
 
 
@@ -97,19 +97,19 @@ class Job:
             raise self.error
 
 
-class Request(MPI.Grequest):
-    """A ringmpi nonblocking call: an MPI generalized request its progress thread
-    completes. ``Wait`` and ``Test`` raise the call's error (the blocking call's
-    message); ``MPI.Request.Waitall`` and the like take it beside MPI's requests."""
+class Completion:
+    """``Wait`` and ``Test`` for a request whose call a :class:`Job` carries out (mixed
+    into MPI's request classes): they carry it out, or wait for it, then complete the
+    MPI request, and raise the call's error (the blocking call's message)."""
 
     _job: Job | None = None
 
-    def Wait(self, status: MPI.Status | None = None) -> bool:  # type: ignore[override]
+    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
         job = self._job
         if job is not None:
             finish(job)
             job.reported = True
-        super().Wait(status)
+        MPI.Request.Wait(cast(MPI.Request, self), status)
         self._raise(job)
         return True
 
@@ -119,7 +119,7 @@ class Request(MPI.Grequest):
             return False
         if job is not None:
             job.reported = True
-        done = super().Test(status)
+        done = MPI.Request.Test(cast(MPI.Request, self), status)
         self._raise(job)
         return done
 
@@ -130,9 +130,15 @@ class Request(MPI.Grequest):
         return self.Test(status), None
 
     def _raise(self, job: Job | None) -> None:
-        self._job = None
-        if job is not None and job.error is not None:
-            raise job.error
+        if job is not None and self._job is job:
+            self._job = None
+            if job.error is not None:
+                raise job.error
+
+
+class Request(Completion, MPI.Grequest):
+    """A ringmpi nonblocking call: an MPI generalized request completed when its call
+    is done. ``MPI.Request.Waitall`` and the like take it beside MPI's requests."""
 
 
 def finish(job: Job) -> None:

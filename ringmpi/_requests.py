@@ -13,7 +13,7 @@ again, as MPI-4's persistent collectives do.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from mpi4py import MPI
 
@@ -78,20 +78,18 @@ def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout
     return Prepared(name, comm, timeout, run, library)
 
 
-class Prequest(MPI.Prequest):
+class Prequest(_progress.Completion, MPI.Prequest):
     """A persistent collective that runs ringmpi's algorithm: ``Start`` it, complete it
     with ``Wait`` or ``Test``, start it again, as often as wanted; ``Free`` it at the
     end. Between a start and its completion the buffers are the call's; between a
     completion and the next start their contents may change.
 
     ``ringmpi.Prequest.Startall`` starts a list that mixes these with MPI's own
-    persistent requests; MPI's ``Startall`` cannot start ringmpi's. Where a thread
-    carries out the calls (the ``progress`` setting), ``MPI.Request.Waitall`` and
-    the like complete these beside MPI's own requests; else only their own ``Wait``
-    and ``Test`` do."""
+    persistent requests; MPI's ``Startall`` cannot start ringmpi's. ``MPI.Request.Waitall``
+    and the like complete them beside MPI's own requests, except under
+    ``progress="wait"`` with Open MPI (:mod:`ringmpi._progress`)."""
 
     _call: Prepared | None = None
-    _job: _progress.Job | None = None
     _library: Any = None  # the library's persistent request, once auto settled on it
 
     @classmethod
@@ -139,25 +137,6 @@ class Prequest(MPI.Prequest):
         if theirs:
             MPI.Prequest.Startall(theirs)
 
-    def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
-        job = self._job
-        if job is not None:
-            _progress.finish(job)
-            job.reported = True
-        MPI.Prequest.Wait(self, status)
-        self._raise(job)
-        return True
-
-    def Test(self, status: MPI.Status | None = None) -> bool:
-        job = self._job
-        if job is not None and not _progress.progressed(job):
-            return False
-        if job is not None:
-            job.reported = True
-        done = MPI.Prequest.Test(self, status)
-        self._raise(job)
-        return done
-
     def Free(self) -> None:
         """Release the request (completing a started call first)."""
         if self._job is not None:
@@ -167,18 +146,6 @@ class Prequest(MPI.Prequest):
             self._library = None
             _progress.set_handle(self, MPI.REQUEST_NULL.handle)
         self._call = None
-
-    def wait(self, status: MPI.Status | None = None) -> None:
-        self.Wait(status)
-
-    def test(self, status: MPI.Status | None = None) -> tuple[bool, None]:
-        return self.Test(status), None
-
-    def _raise(self, job: _progress.Job | None) -> None:
-        if job is not None and self._job is job:
-            self._job = None
-            if job.error is not None:
-                raise job.error
 
 
 def started(call: Prepared) -> MPI.Request:
@@ -212,9 +179,9 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
     assert recv is not None and isinstance(call.comm, MPI.Intracomm)
     # The blocking call as given: where it repeats, the arrays' checks and auto's
     # choice are remembered, and it runs from C.
-    given: dict[str, Any] = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
+    given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
-    keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    keywords: dict[str, Any] = {k: v for k, v in given.items() if v is not None and v != "auto"}
 
     def run() -> None:
         _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)

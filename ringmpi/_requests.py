@@ -27,7 +27,7 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own: a
-# request of ringmpi's costs about 30 us more than its blocking call, more than the
+# request of ringmpi's costs 30-80 us more than its blocking call, more than the
 # ring and the shared window save below this (docs/performance.md).
 OWN_FROM_BYTES = 1 << 20
 

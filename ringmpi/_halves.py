@@ -1,70 +1,50 @@
 """The ring's two halves as collectives: Reduce_scatter_block, Reduce_scatter, Allgather.
 
-Each has mpi4py's signature and four ways to run:
-
-* ``ring``: the phase of the ring all-reduce alone
-  (:func:`ringmpi.algorithms.ring.reduce_scatter`,
-  :func:`~ringmpi.algorithms.ring.all_gather_owned`): N - 1 steps with the
-  ring neighbours, each rank sending (N-1)/N of the buffer (nccl-tests'
-  busbw = algbw·(N-1)/N).
-* ``recursive_halving`` (reduce-scatter) and ``recursive_doubling``
-  (all-gather): Rabenseifner's halves (:mod:`ringmpi.algorithms.latency`), lg N
-  steps and the ring's bytes for a power of two N, two more steps for the
-  ranks folded in pairs otherwise.
-* ``shared_memory``: through the node's window, no message
-  (:func:`ringmpi.algorithms.shared.shared_memory_halves`); every rank of the
-  communicator on one node. The half types' reduce-scatter runs only this way
-  (the others would round partial results to 16 bits).
-* ``mpi``: the library's own call, with the arguments as given.
+Each has mpi4py's signature, and its algorithms are records of the registry
+(:mod:`ringmpi.algorithms.registry`, collectives ``reduce_scatter`` and
+``allgather``), as the all-reduce's are: ``ring`` (N - 1 steps with the ring
+neighbours, each rank sending (N-1)/N of the buffer: nccl-tests' busbw =
+algbw·(N-1)/N), ``recursive_halving`` / ``recursive_doubling`` (Rabenseifner's
+halves, lg N steps), ``shared_memory`` (through the node's window, every rank of
+the communicator on one node; the half types' reduce-scatter runs only this way,
+the others would round partial results to 16 bits) and ``mpi`` (the library's
+own call). A new one is one file that registers its record.
 
 ``auto`` hands a NumPy buffer below :data:`RING_FROM_BYTES` to the library at
 once: there a call is latency-bound and ringmpi's Python entry costs more than
-any algorithm saves. From there it tunes itself per communicator and size
-class (a power of two of the buffer's bytes): the first calls of a class take
-turns among the ways that can run (the latency variant from 3 ranks, shared
-memory on one node), timed, then every rank keeps the one whose slowest rank's
-median is lowest (the library's unless another is 5 % faster). With the tuner
-off (``RINGMPI_TUNER=off``) it runs the ring from :data:`RING_FROM_BYTES`.
-What ringmpi cannot do itself goes to the library under ``auto`` and ``mpi``,
-as for :func:`ringmpi.Allreduce`. The library's calls take no ``timeout``.
+any algorithm saves. From there it chooses as the all-reduce does
+(:func:`ringmpi.algorithms.choose`): the cost model ranks ringmpi's own records
+(the latency variant from 3 ranks, shared memory on one node), and auto's online
+tuner times the model's two best against the library's call per size class,
+keeping the library's unless another is 5 % faster; with the tuner off
+(``RINGMPI_TUNER=off``) the model's best runs. What ringmpi cannot do itself
+goes to the library under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _cache, _engine, _settings, _trace
+from . import _cache, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
 from ._cache import Bounded
 from ._comm import check_comm, not_running, ready, running
 from ._errors import UnsupportedError
-from .algorithms.latency import doubling_all_gather, halving_reduce_scatter
-from .algorithms.ring import all_gather_owned, reduce_scatter
-from .algorithms.shared import shared_memory_halves
+from .algorithms import registry
 from .kernels import AVG, reduction
 
-__all__ = ["ALLGATHER_ALGORITHMS", "REDUCE_SCATTER_ALGORITHMS", "RING_FROM_BYTES", "Allgather",
-           "Reduce_scatter", "Reduce_scatter_block"]  # fmt: skip
+__all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_block"]
 
-# auto with the tuner off: the ring from this size of the whole buffer, the library's
-# call below it (docs/performance.md, "The ring's halves").
+# auto: ringmpi's own algorithms from this size of the whole buffer, the library's call
+# below it (docs/performance.md, "The ring's halves").
 RING_FROM_BYTES = 64 << 10
-# auto's tuner: timed calls of each candidate per size class; the library's call stays
-# unless the ring's are this much faster (as for the all-reduce).
-TRIALS = 4
-MARGIN = 0.05
-# What each collective takes as ``algorithm`` (the latency variant: Rabenseifner's half).
-REDUCE_SCATTER_ALGORITHMS = ("auto", "ring", "recursive_halving", "shared_memory", "mpi")
-ALLGATHER_ALGORITHMS = ("auto", "ring", "recursive_doubling", "shared_memory", "mpi")
-_ALGORITHMS = {
-    "Reduce_scatter_block": REDUCE_SCATTER_ALGORITHMS,
-    "Reduce_scatter": REDUCE_SCATTER_ALGORITHMS,
-    "Allgather": ALLGATHER_ALGORITHMS,
-}
+# The registry's collective of each call.
+COLLECTIVE = {"Reduce_scatter_block": "reduce_scatter", "Reduce_scatter": "reduce_scatter",
+              "Allgather": "allgather"}  # fmt: skip
 
 
 def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
@@ -76,7 +56,11 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     first block receives the result (the ring leaves the rest as it was)."""
     if algorithm == "auto" and _to_library(comm, "Reduce_scatter_block", sendbuf, recvbuf, op):
         return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
-    _reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
+    sendbuf = _IN_PLACE if sendbuf is None else sendbuf
+    run = prepare_reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
+    if run is None:
+        return _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
+    run()
 
 
 def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
@@ -89,27 +73,48 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     in ``recvbuf``, whose first ``recvcounts[r]`` elements receive the result."""
     if algorithm == "auto" and _to_library(comm, "Reduce_scatter", sendbuf, recvbuf, op):
         return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
-    _reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout)
+    sendbuf = _IN_PLACE if sendbuf is None else sendbuf
+    run = prepare_reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm,
+                                 timeout)  # fmt: skip
+    if run is None:
+        return _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
+    run()
 
 
-def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
-                    comm: Any, algorithm: str, timeout: float | None) -> None:  # fmt: skip
-    """Either reduce-scatter (``block``: equal blocks, no counts)."""
+def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
+              algorithm: str = "auto", timeout: float | None = None) -> None:  # fmt: skip
+    """Gather every rank's ``sendbuf`` (k elements) into every rank's ``recvbuf`` (N
+    blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
+    or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
+    ring moves bytes."""
+    if algorithm == "auto" and _to_library(comm, "Allgather", None, recvbuf):
+        return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
+    sendbuf = _IN_PLACE if sendbuf is None else sendbuf
+    run = prepare_allgather(sendbuf, recvbuf, comm, algorithm, timeout)
+    if run is None:
+        return _library("Allgather", comm, sendbuf, recvbuf)
+    run()
+
+
+def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
+                           comm: Any, algorithm: str,
+                           timeout: float | None) -> Callable[[], None] | None:  # fmt: skip
+    """The reduce-scatter checked once (bad input raises here, before any message):
+    the returned callable runs it, on the buffers' contents at the time, as often as
+    it is called (a persistent request's start). None: the library's call, with the
+    arguments as given (an inter-communicator, what ringmpi cannot reduce)."""
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
-        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op)
+        return None
     ctx, waits = checked
     try:
         recv = _writable(recvbuf)
         send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
         red = reduction(op, recv.dtype)
     except UnsupportedError as exc:
-        why = str(exc)
-        return _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)), op,
-                        why=why, algorithm=algorithm)  # fmt: skip
+        _library_may(str(exc), algorithm)
+        return None
     n, r = ctx.size, ctx.rank
     if block:
         total = recv.size if send is None else send.size
@@ -126,96 +131,49 @@ def _reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op
         if len(counts) != n or min(counts) < 0:
             raise ValueError(f"{name}: recvcounts must be {n} counts >= 0, got {recvcounts!r}")
     total = sum(counts)
-    source = recv.reshape(-1) if send is None else send.reshape(-1)
     if send is not None and send.dtype != recv.dtype:
         raise TypeError(f"recvbuf has dtype {recv.dtype} but sendbuf has dtype {send.dtype}")
-    if source.size != total or recv.size < (counts[r] if send is not None else total):
+    given = recv if send is None else send
+    if given.size != total or recv.size < (counts[r] if send is not None else total):
         raise ValueError(
-            f"{name}: {'recvbuf' if send is None else 'sendbuf'} holds {source.size} elements "
+            f"{name}: {'recvbuf' if send is None else 'sendbuf'} holds {given.size} elements "
             f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
             + ("" if send is None else f" and {counts[r]}")
         )
-    if red.half and algorithm in ("ring", "recursive_halving"):
-        raise TypeError(f"{name}: {red.describe()}: algorithm {algorithm!r} forwards partial "
-                        "results, rounded to 16 bits at every step (shared_memory folds every "
-                        "contribution at once; auto takes it on one node)")  # fmt: skip
-    ran, timed = _choose(ctx, name, algorithm, source.nbytes, comm, red.half)
-    if ran == "mpi" and red.half and op is AVG:
-        raise TypeError(f"{name}: {red.describe()} through the library's call: MPI has no "
-                        "average, and a 16-bit sum divided afterwards would round twice "
-                        "(shared_memory, on one node, averages with one rounding)")  # fmt: skip
-    t0 = time.perf_counter()
-    _trace_call(ran)
-    if ran == "mpi":  # AVG: the library's SUM, divided here; the half types as given
-        _library(name, comm, sendbuf, recvbuf, *(() if block else (recvcounts,)),
-                 op if red.half else red.mpi_op)  # fmt: skip
-        if not red.half:
-            _finish(red, recv, counts[r], n)
-    elif ran == "shared_memory":
-        _shm_reduce_scatter(ctx, source, recv, counts, red, waits, send is None)
-    else:
-        _plan_reduce_scatter(ctx, source, recv, counts, red, waits, ran)
-    if timed is not None:
-        timed(time.perf_counter() - t0)
+    record = _named(name, algorithm)
+    if red.half and record is not None and record.half is None:
+        raise TypeError(f"{name}: {red.describe()}: algorithm {algorithm!r} {record.no_half}")
+    # This rank's block straight into recvbuf where it is contiguous; the input where it
+    # lies where it is (in place: recvbuf's first elements are the block's, as MPI's).
+    straight = recv.flags.c_contiguous
+    out = recv.reshape(-1)[: counts[r]] if straight else np.empty(counts[r], recv.dtype)
+    whole = given.flags.c_contiguous
+    source = given.reshape(-1) if whole else None
+    key = _settle_key(comm, name, given.nbytes, op, recv.dtype)
+
+    def run() -> None:
+        src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
+        _run(record, "reduce_scatter", src.nbytes, key, comm, (out, red, ctx, src, waits, counts))
+        if not straight:
+            recv.flat[: counts[r]] = out
+
+    return run
 
 
-def _plan_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
-                         waits: float, algorithm: str) -> None:  # fmt: skip
-    total, r = sum(counts), ctx.rank
-    work = ctx.scratch(total * recv.itemsize).view(recv.dtype)  # kept: no page faults
-    build = (reduce_scatter if algorithm == "ring" else halving_reduce_scatter)(tuple(counts))
-    plan = ctx.plan(build, total, recv.itemsize)
-    _engine.run(plan, work, red, ctx, algorithm, waits, source=np.ascontiguousarray(source))
-    start = sum(counts[:r])
-    _put(recv, work[start : start + counts[r]])
-
-
-def _shm_reduce_scatter(ctx, source: np.ndarray, recv: np.ndarray, counts: list[int], red,
-                        waits: float, in_place: bool) -> None:  # fmt: skip
-    """Through the node's window: this rank's block straight into ``recv`` unless
-    the input is there too (in place) or ``recv`` is not contiguous."""
-    r = ctx.rank
-    straight = recv.flags.c_contiguous and not in_place
-    out = (recv.reshape(-1)[: counts[r]] if straight
-           else ctx.scratch(counts[r] * recv.itemsize).view(recv.dtype))  # fmt: skip
-    if ctx.size == 1:
-        out[...] = source[: counts[r]]
-    else:
-        shared_memory_halves(out, np.ascontiguousarray(source), sum(counts[:r]), counts, red,
-                             ctx, waits, gather=False)  # fmt: skip
-    if not straight:
-        _put(recv, out)
-
-
-def _put(recv: np.ndarray, mine: np.ndarray) -> None:
-    """``mine`` into the first elements of ``recv``."""
-    if recv.flags.c_contiguous:
-        recv.reshape(-1)[: mine.size] = mine
-    else:
-        recv.flat[: mine.size] = mine
-
-
-def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
-              algorithm: str = "auto", timeout: float | None = None) -> None:  # fmt: skip
-    """Gather every rank's ``sendbuf`` (k elements) into every rank's ``recvbuf`` (N
-    blocks of k, rank order), like ``comm.Allgather``. ``sendbuf`` ``MPI.IN_PLACE``
-    or None: rank r's block is already at block r of ``recvbuf``. Any dtype: the
-    ring moves bytes."""
-    if algorithm == "auto" and _to_library(comm, "Allgather", None, recvbuf):
-        return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
+def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
+                      timeout: float | None) -> Callable[[], None] | None:  # fmt: skip
+    """The all-gather checked once, as :func:`prepare_reduce_scatter`."""
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
-        return _library("Allgather", comm, sendbuf, recvbuf)
+        return None
     ctx, waits = checked
     try:
         recv = _writable(recvbuf)
         send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
     except UnsupportedError as exc:
-        why = str(exc)
-        return _library("Allgather", comm, sendbuf, recvbuf, why=why, algorithm=algorithm)
-    n = ctx.size
+        _library_may(str(exc), algorithm)
+        return None
+    n, r = ctx.size, ctx.rank
     if recv.nbytes % n or (send is not None and send.nbytes * n != recv.nbytes):
         raise ValueError(
             f"Allgather: recvbuf holds {recv.nbytes} bytes, not N = {n} blocks"
@@ -223,38 +181,42 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
         )
     if send is not None and not recv.flags.c_contiguous:
         raise ValueError("Allgather: recvbuf must be contiguous")
-    ran, timed = _choose(ctx, "Allgather", algorithm, recv.nbytes, comm)
-    t0 = time.perf_counter()
-    _trace_call(ran)
-    if ran == "mpi":
-        _library("Allgather", comm, sendbuf, recvbuf)
-    else:
-        _plan_allgather(ctx, send, recv, waits, ran)
-    if timed is not None:
-        timed(time.perf_counter() - t0)
-
-
-def _plan_allgather(ctx, send: np.ndarray | None, recv: np.ndarray, waits: float,
-                    algorithm: str) -> None:  # fmt: skip
-    """The all-gather on bytes, into ``recv`` where it is contiguous."""
-    n, r = ctx.size, ctx.rank
+    record = _named("Allgather", algorithm)
     block = recv.nbytes // n
-    work = (
-        recv.reshape(-1).view(np.uint8)
-        if recv.flags.c_contiguous
-        else np.empty(n * block, np.uint8)
-    )
-    if not recv.flags.c_contiguous:
-        work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
-    if send is not None:
-        work[r * block : (r + 1) * block] = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
-    if algorithm == "shared_memory":
-        shared_memory_halves(work, work, r * block, (block,) * n, _BYTES, ctx, waits, gather=True)
-    else:
-        build = (all_gather_owned if algorithm == "ring" else doubling_all_gather)((block,) * n)
-        _engine.run(ctx.plan(build, n * block, 1), work, _BYTES, ctx, algorithm, waits)
-    if not recv.flags.c_contiguous:
-        recv[...] = work.view(recv.dtype).reshape(recv.shape)
+    counts = (block,) * n
+    # On recvbuf's bytes where it is contiguous, else on a copy.
+    straight = recv.flags.c_contiguous
+    work = recv.reshape(-1).view(np.uint8) if straight else np.empty(n * block, np.uint8)
+    key = _settle_key(comm, "Allgather", recv.nbytes, MPI.SUM, None)
+
+    def run() -> None:
+        if not straight:
+            work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
+        if send is not None:
+            mine = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
+            work[r * block : (r + 1) * block] = mine
+        _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
+        if not straight:
+            recv[...] = work.view(recv.dtype).reshape(recv.shape)
+
+    return run
+
+
+def _named(name: str, algorithm: str) -> registry.Algorithm | None:
+    """The record a named algorithm is (None: auto)."""
+    return None if algorithm == "auto" else registry.get(algorithm, COLLECTIVE[name])
+
+
+def _run(record, collective: str, nbytes: int, key: tuple, comm: Any, args: tuple) -> None:
+    """One call: auto's choice (its winner, or a trial) or the named record, traced."""
+    chosen = record
+    if chosen is None:
+        chosen = algorithms.choose("auto", nbytes, args[2], args[1], collective=collective)
+        if not isinstance(chosen, algorithms.Trial) and not chosen.own:
+            _settled.put(key, comm)  # later calls go to the library first thing
+    if _trace._active:
+        _trace.record_call(chosen.name)
+    chosen.run(*args)
 
 
 # --- internals -----------------------------------------------------------------------
@@ -270,14 +232,14 @@ def _small(buf: Any, op: Any = MPI.SUM) -> bool:
 
 
 def _to_library(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> bool:
-    """Whether auto makes the library's call first thing: a small buffer, or a size
-    its tuner settled for the library on this communicator object (counted in a trace
-    as the library's call, like any other)."""
+    """Whether auto makes the library's call first thing: a small buffer, or a size,
+    reduction and dtype its choice settled on the library's call on this communicator
+    object (counted in a trace as the library's call, like any other)."""
     buf = recvbuf if sendbuf is None or sendbuf is _IN_PLACE else sendbuf
     if type(buf) is not np.ndarray or op is AVG:
         return False
     if buf.nbytes >= RING_FROM_BYTES and (
-        _settled.get((id(comm), name, buf.nbytes.bit_length()), _ALLGATHER) is not comm
+        _settled.get(_settle_key(comm, name, buf.nbytes, op, buf.dtype), _ALLGATHER) is not comm
     ):
         return False
     if not running():
@@ -287,9 +249,17 @@ def _to_library(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.
     return True
 
 
-# (id of the communicator object, collective, size class) -> that object, where auto's
-# tuner settled on the library's call (held, so the id names no other; emptied when a
-# communicator is freed).
+def _settle_key(comm: Any, name: str, nbytes: int, op: Any, dtype: Any) -> tuple:
+    """Where auto's choice for a call is kept: the communicator object, the collective,
+    the size class, and the reduction (none for the all-gather)."""
+    if name == "Allgather":
+        return (id(comm), name, nbytes.bit_length())
+    return (id(comm), name, nbytes.bit_length(), id(op), dtype.char)
+
+
+# (id of the communicator object, collective, size class[, op, dtype]) -> that object,
+# where auto settled on the library's call (held, so the id names no other; emptied
+# when a communicator is freed).
 _settled: Bounded[tuple, Any] = _cache.derived(Bounded(256))
 
 # The library's calls as the small path makes them (Comm's: inter-communicators too).
@@ -299,21 +269,23 @@ _WORLD, _IN_PLACE, _TRACES = MPI.COMM_WORLD, MPI.IN_PLACE, _trace._active
 
 def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
     """(context, timeout) for a call ringmpi runs, or None for the library's."""
-    if algorithm not in _ALGORITHMS[name]:
-        raise ValueError(f"{name}: algorithm must be one of {', '.join(_ALGORITHMS[name])}, "
-                         f"not {algorithm!r}")  # fmt: skip
+    collective = COLLECTIVE[name]
+    if algorithm not in registry.names(collective):
+        raise ValueError(f"{name}: algorithm must be one of "
+                         f"{', '.join(registry.names(collective))}, not {algorithm!r}")  # fmt: skip
     settings = _settings.current()
     waits = settings.timeout if timeout is None else _settings.parse_seconds(timeout, "timeout")
+    record = _named(name, algorithm)
     if isinstance(comm, MPI.Intercomm) and comm != MPI.COMM_NULL:
-        if algorithm not in ("auto", "mpi"):
+        if record is not None and record.own:
             raise UnsupportedError(
                 f"{name}: algorithm {algorithm!r} cannot run on an inter-communicator (auto "
                 "and 'mpi' hand it to the library)"
             )
         return None
     ctx = ready(check_comm(comm), waits)
-    if algorithm == "shared_memory" and ctx.node.Get_size() != ctx.size:
-        raise ValueError(f"{name}: algorithm 'shared_memory' needs every rank of the "
+    if record is not None and not registry.fits(record, ctx):
+        raise ValueError(f"{name}: algorithm {algorithm!r} needs every rank of the "
                          f"communicator on one node; rank {ctx.rank}'s node holds "
                          f"{ctx.node.Get_size()} of its {ctx.size} ranks")  # fmt: skip
     return ctx, waits
@@ -326,97 +298,22 @@ def _writable(recvbuf: Any) -> np.ndarray:
     return recv
 
 
-def _finish(red, recv: np.ndarray, count: int, n: int) -> None:
-    """AVG divides the library's sum in the first ``count`` elements of ``recv``."""
-    if recv.flags.c_contiguous:
-        red.finish(recv.reshape(-1)[:count], n)
-    else:
-        mine = recv.flat[:count].copy()
-        red.finish(mine, n)
-        recv.flat[:count] = mine
-
-
-def _choose(ctx, name: str, algorithm: str, nbytes: int, comm: Any, half: int = 0):
-    """(what runs, None or the callable that takes this call's seconds: a trial)."""
-    if algorithm != "auto":
-        return algorithm, None
-    candidates = _candidates(ctx, name, half)
-    if len(candidates) == 1:
-        return candidates[0], None
-    if _settings.current().tuner == "off":
-        return ("ring" if nbytes >= RING_FROM_BYTES else "mpi"), None
-    return ctx.state(_Tuned).choose(name, nbytes, comm, candidates)
-
-
-def _candidates(ctx, name: str, half: int) -> tuple[str, ...]:
-    """What auto may run on ``ctx``: the library's call always; the ring; the latency
-    variant from 3 ranks (at 2 it is the ring); shared memory on one node. The
-    half types: shared memory on one node (one rounding), else the library."""
-    one_node = ctx.node.Get_size() == ctx.size
-    if half:  # no trial of a library that may not take them
-        return ("shared_memory",) if one_node else ("mpi",)
-    if ctx.size == 1:
-        return ("mpi",)
-    shared = ("shared_memory",) if one_node else ()
-    latency = ("recursive_doubling" if name == "Allgather" else "recursive_halving",)
-    return ("ring", *(latency if ctx.size > 2 else ()), *shared, "mpi")
-
-
-class _Tuned:
-    """auto's choices on one communicator, per (collective, size class, candidates),
-    tuned online."""
-
-    name = "halves-auto"  # its key among the communicator's states
-
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        self.won: dict[tuple, str] = {}
-        self.trials: dict[tuple, list[tuple[str, float]]] = {}
-
-    @classmethod
-    def state(cls, ctx) -> _Tuned:
-        return cls(ctx)
-
-    def free(self) -> None:
-        self.won.clear()
-
-    def choose(self, name: str, nbytes: int, comm: Any, candidates: tuple[str, ...]):
-        """The candidates take turns for TRIALS calls each; then every rank keeps the
-        one whose slowest rank's median is lowest, the library's (the last)
-        unless another is MARGIN faster."""
-        key = (name, nbytes.bit_length(), candidates)
-        found = self.won.get(key)
-        if found is not None:
-            return found, None
-        trials = self.trials.setdefault(key, [])
-        candidate = candidates[len(trials) % len(candidates)]
-
-        def timed(seconds: float) -> None:
-            trials.append((candidate, seconds))
-            if len(trials) == len(candidates) * TRIALS:  # every rank at the same call: agree
-                mine = np.array([np.median([t for a, t in trials if a == c]) for c in candidates])
-                slowest = np.empty_like(mine)
-                self.ctx.comm.Allreduce(mine, slowest, op=MPI.MAX)
-                best = int(np.argmin(slowest[:-1]))
-                won = candidates[best] if slowest[best] < slowest[-1] * (1 - MARGIN) else "mpi"
-                self.won[key] = won
-                if won == "mpi":  # later calls go there first thing
-                    _settled.put((id(comm), *key[:2]), comm)
-                del self.trials[key]
-
-        return candidate, timed
-
-
-def _trace_call(ran: str) -> None:
-    if _trace._active:
-        _trace.record_call(ran)
-
-
-def _library(name: str, comm: Any, *args: Any, why: str = "", algorithm: str = "auto") -> None:
-    """The library's own collective ``name`` on the user's communicator, the arguments
-    as given (``why``: what ringmpi cannot do, which a named ring refuses)."""
-    if why and algorithm not in ("auto", "mpi"):
+def _library_may(why: str, algorithm: str) -> None:
+    """A call ringmpi cannot run (``why``) goes to the library under auto and 'mpi';
+    a named own algorithm refuses it."""
+    if algorithm not in ("auto", "mpi"):
         raise UnsupportedError(f"{why}; algorithm {algorithm!r} cannot run this call (auto and "
                                "'mpi' hand it to the MPI library's own collective)")  # fmt: skip
+
+
+def _library(name: str, comm: Any, *args: Any) -> None:
+    """The library's own collective ``name`` on the user's communicator, the arguments
+    as given."""
     comm = MPI.COMM_WORLD if comm is None else comm
     getattr(MPI.Comm, name)(comm, *args)
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

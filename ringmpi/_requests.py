@@ -17,9 +17,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _api, _halves, _progress, _trace
+from . import _api, _halves, _progress, _settings, _trace
 from ._comm import check_comm, context
-from ._errors import RingMPIError, UnsupportedError
+from ._errors import RingMPIError
 from .kernels import AVG
 
 __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
@@ -226,28 +226,25 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                     reproducible))  # fmt: skip
 
 
-def _half(name: str, sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
-          timeout: float | None, run: Callable[[], None],
-          library: Callable[[bool], Any], op: Any = MPI.SUM) -> Prepared:  # fmt: skip
-    """A reduce-scatter or all-gather prepared: what can be checked before it runs is
-    checked here (the algorithm, the communicator, ``recvbuf``); the rest, as the
-    blocking call checks it, at each start."""
-    checked = _halves._check(name, algorithm, timeout, comm)
-    if checked is None:  # an inter-communicator
-        return prepared(name, comm, 0, op, algorithm, 0.0, None, library)
-    ctx, waits = checked
-    try:
-        recv = _halves._writable(recvbuf)
-    except UnsupportedError:
+def _half(name: str, sendbuf: Any, comm: Any, algorithm: str, timeout: float | None,
+          prepare: Callable[[], Callable[[], None] | None], library: Callable[[bool], Any],
+          nbytes: int, op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+    """A reduce-scatter or all-gather prepared: checked once here, as the blocking call
+    checks it (``prepare``), so that a start runs it with no checks."""
+    run = prepare()
+    waits = _settings.current().timeout if timeout is None else float(timeout)
+    if run is None:  # an inter-communicator, or what ringmpi cannot reduce
         return prepared(name, comm, 0, op, algorithm, waits, None, library)
-    # What auto's choice goes by, as the blocking call's: the all-gather's whole
-    # buffer, the reduce-scatter's input.
+    return prepared(name, MPI.COMM_WORLD if comm is None else comm, nbytes, op, algorithm,
+                    waits, run, library)  # fmt: skip
+
+
+def _nbytes(name: str, sendbuf: Any, recvbuf: Any) -> int:
+    """What auto's choice goes by, as the blocking call's: the all-gather's whole
+    buffer, the reduce-scatter's input."""
     in_place = sendbuf is None or sendbuf is MPI.IN_PLACE
-    nbytes = recv.nbytes
-    if name != "Allgather" and not in_place:
-        nbytes = _halves._as_array(sendbuf, "sendbuf").nbytes
-    return prepared(name, ctx.comm if comm is None else comm, nbytes, op, algorithm, waits, run,
-                    library)  # fmt: skip
+    buf = recvbuf if name == "Allgather" or in_place else sendbuf
+    return getattr(buf, "nbytes", 0)
 
 
 _NONBLOCKING: dict[str, Any] = {
@@ -267,32 +264,33 @@ def _library(name: str, comm: Any, *args: Any) -> Callable[[bool], Any]:
 
 
 def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
-    def run() -> None:
-        _halves.Reduce_scatter_block(sendbuf, recvbuf, op, comm, algorithm=algorithm,
-                                     timeout=timeout)  # fmt: skip
-
-    library = _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
-    call = _half("Reduce_scatter_block", sendbuf, recvbuf, comm, algorithm, timeout, run, library,
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
+    name = "Reduce_scatter_block"
+    call = _half(name, send, comm, algorithm, timeout,
+                 lambda: _halves.prepare_reduce_scatter(True, send, recvbuf, None, op, comm,
+                                                        algorithm, timeout),
+                 _library(name, comm, send, recvbuf, op), _nbytes(name, send, recvbuf),
                  op)  # fmt: skip
-    return _settles(call, algorithm, comm, sendbuf, recvbuf, op)
+    return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
 def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
-    def run() -> None:
-        _halves.Reduce_scatter(sendbuf, recvbuf, recvcounts, op, comm, algorithm=algorithm,
-                               timeout=timeout)  # fmt: skip
-
-    library = _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
-    call = _half("Reduce_scatter", sendbuf, recvbuf, comm, algorithm, timeout, run, library, op)
-    return _settles(call, algorithm, comm, sendbuf, recvbuf, op)
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
+    name = "Reduce_scatter"
+    call = _half(name, send, comm, algorithm, timeout,
+                 lambda: _halves.prepare_reduce_scatter(False, send, recvbuf, recvcounts, op,
+                                                        comm, algorithm, timeout),
+                 _library(name, comm, send, recvbuf, recvcounts, op),
+                 _nbytes(name, send, recvbuf), op)  # fmt: skip
+    return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
 def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
-    def run() -> None:
-        _halves.Allgather(sendbuf, recvbuf, comm, algorithm=algorithm, timeout=timeout)
-
-    library = _library("Allgather", comm, sendbuf, recvbuf)
-    call = _half("Allgather", sendbuf, recvbuf, comm, algorithm, timeout, run, library)
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
+    call = _half("Allgather", send, comm, algorithm, timeout,
+                 lambda: _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout),
+                 _library("Allgather", comm, send, recvbuf),
+                 _nbytes("Allgather", send, recvbuf))  # fmt: skip
     return _settles(call, algorithm, comm, None, recvbuf)
 
 

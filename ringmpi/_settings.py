@@ -27,8 +27,6 @@ STORES = ("auto", "cached", "streaming")
 WAITS = ("auto", "spin", "sleep")
 PROGRESS = ("auto", "thread", "wait")
 TUNERS = ("auto", "memory", "off")  # or a directory for the tuner's cache file
-# hierarchical's plans across nodes
-ACROSS = ("auto", "ring", "rabenseifner", "recursive_doubling", "rabenseifner_hybrid")
 
 
 def _text(value: object) -> str:
@@ -123,7 +121,8 @@ class Settings:
     segment_bytes: int | None = _setting(None, _count, "bytes of each message segment")
     window_stores: str = _setting("auto", _one_of(STORES), "hierarchical's stores to its window")
     piece_bytes: int | None = _setting(None, _count, "bytes of each hierarchical pass")
-    across: str = _setting("auto", _one_of(ACROSS), "hierarchical's phase across nodes")
+    across: str = _setting("auto", _text_or("auto"), "hierarchical's phase across nodes (a "
+                           "registry name)")  # fmt: skip
     timeout: float = _setting(0.0, parse_seconds, "seconds without progress before giving up")
     reproducible: bool = _setting(False, lambda v, s: _switch(v), "fold in rank order, bitwise")
     wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")

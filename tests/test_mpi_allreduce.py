@@ -18,14 +18,22 @@ from conftest import agree, sum_saturates, wrapped_sum
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels, verify
+from ringmpi import algorithms, kernels, verify
 from ringmpi.algorithms import shared
 
 # matrix: the exactness matrices, which make test-family runs at one rank count
 pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
-ALGORITHMS = ("ring", "recursive_doubling", "rabenseifner", "shared_memory", "mpi", "auto")
-STEPPED = ("ring", "recursive_doubling", "rabenseifner")  # ringmpi's own, run by the engine
+# From the registry, so that a new algorithm enters the matrix; but for those with a
+# matrix of their own that this one would repeat: hierarchical (test_mpi_hierarchical.py,
+# every op and dtype over emulated node layouts), chain (test_mpi_reproducible.py, every
+# op and dtype against the left fold) and rabenseifner_hybrid (rabenseifner's plan halved
+# to a depth: every depth simulated in test_plans.py, carried out by the engine that
+# carries out this matrix's plans).
+OWN_MATRIX = ("hierarchical", "chain", "rabenseifner_hybrid")
+ALGORITHMS = tuple(a for a in algorithms.names() if a not in OWN_MATRIX)
+# ringmpi's own, run by the engine
+STEPPED = tuple(a.name for a in algorithms.records() if a.plan is not None and a.name in ALGORITHMS)
 PAIRS = [
     pytest.param(spec.op, dt, id=f"{spec.name}-{dt.name}")
     for spec in kernels._OPS

@@ -28,7 +28,7 @@ from conftest import agree, half_contract
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels
+from ringmpi import algorithms, kernels
 from ringmpi.schedule import chunk_bounds
 
 # matrix: the exactness matrices, which make test-family runs at one rank count
@@ -38,8 +38,10 @@ WORLD = MPI.COMM_WORLD
 N, RANK = WORLD.Get_size(), WORLD.Get_rank()
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = [pytest.param(np.dtype(np.float16), id="float16"), pytest.param(BF16, id="bfloat16")]
-ALGORITHMS = ("ring", "shared_memory", "hierarchical", "auto")
-REFUSE = ("recursive_doubling", "rabenseifner", "chain", "mpi")
+# From the registry: every algorithm with a half-type path runs the matrix, every
+# other must refuse the half types before any message.
+ALGORITHMS = (*algorithms.half_algorithms(), "auto")
+REFUSE = tuple(a.name for a in algorithms.records() if a.half is None)
 OPS = [pytest.param(kernels.op_from_name(n), n, id=n) for n in kernels.HALF_OPS]
 SIZES = sorted({0, 1, max(N - 1, 0), N + 1, 1009, 100_003})
 # (precision p, least normal exponent) of each half type

@@ -66,7 +66,8 @@ __all__ = [
 
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
-           reproducible: bool = False) -> Algorithm | Trial:  # fmt: skip
+           reproducible: bool = False,
+           collective: str = "allreduce") -> Algorithm | Trial:  # fmt: skip
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks
@@ -84,24 +85,34 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     For a half type the algorithm's half-type path is returned; auto chooses among
     the algorithms that have one, and a named one without it raises ValueError
     (its record says why), before any message.
+
+    ``collective`` is that of the records (:data:`~.registry.COLLECTIVES`): for the
+    halves auto runs the same way, among their records, and a named one is
+    returned as it is (the half types are the caller's to check; the
+    ``algorithm`` setting is the all-reduce's).
     """
     half = red is not None and red.half != 0
     ordered = reproducible and (red is None or order_matters(red))
-    if name != "auto":
-        return check(get(name), ordered, red, "algorithm")
-    settings = _settings.current()
-    if settings.algorithm != "auto":
-        forced = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
-        return check(forced, ordered, red, "RINGMPI_ALGORITHM")
+    if collective != "allreduce":
+        if name != "auto":
+            return get(name, collective)
+        settings = _settings.current()
+    else:
+        if name != "auto":
+            return check(get(name), ordered, red, "algorithm")
+        settings = _settings.current()
+        if settings.algorithm != "auto":
+            forced = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
+            return check(forced, ordered, red, "RINGMPI_ALGORITHM")
     library = library_agrees(red)
-    key = (nbytes, settings, ordered, half, library)
+    key = (nbytes, settings, ordered, half, library, collective)
     found = ctx.chosen.get(key)
     if found is None:
-        found = _auto(nbytes, ctx, settings, ordered, half, library)
+        found = _auto(nbytes, ctx, settings, ordered, half, library, collective)
         if isinstance(found, _tuner.Trial):
             return found  # a trial is not kept: the next call may try another
         ctx.chosen.put(key, found)
-    return found.for_half if half else found
+    return found.for_half if half and collective == "allreduce" else found
 
 
 # A name given for the algorithm setting (configure, RINGMPI_ALGORITHM) is checked there.
@@ -112,10 +123,12 @@ _settings.check_with("algorithm", lookup)
 _LIBRARY_MAX_BYTES = 1 << 31
 
 
-def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, library: bool):
+def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, library: bool,
+          collective: str = "allreduce"):  # fmt: skip
     """The model's choice, or the online tuner's (its winner or its next trial)."""
     nodes, per_node = ctx.nodes(settings)
-    pool = [a for a in records() if fits(a, ctx) and (a.crowded or not ctx.sleepy)]
+    pool = [a for a in records(collective) if fits(a, ctx) and ctx.size >= a.auto_from
+            and (a.crowded or not ctx.sleepy)]  # fmt: skip
     if half:  # every half-type path keeps the rank order
         pool = [a for a in pool if a.auto and a.half is not None]
         pool = [a for a in pool if nodes == 1 or not a.half_one_node]
@@ -129,6 +142,8 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
         (a for a in pool if a.terms is not None),
         key=lambda a: tuning.predict(costs, a, nbytes, ctx.size, nodes, per_node),
     )
+    if not ranked:  # a half's half types off one node: the library's call
+        return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose
     # candidates differ in bits), nor for the half types, nor on one rank.
     if settings.tuner == "off" or half or ordered or ctx.size == 1:
@@ -139,7 +154,8 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
         shortlist += [a for a in pool if a.terms is None]  # the library's own call
     if len(shortlist) == 1:
         return ranked[0]
-    return _tuner.tuner(ctx, settings, nodes, per_node).choose(ctx, nbytes, shortlist, library)
+    tuner = _tuner.tuner(ctx, settings, nodes, per_node)
+    return tuner.choose(ctx, nbytes, shortlist, library, collective)
 
 
 def library_agrees(red: Reduction | None) -> bool:

@@ -16,7 +16,8 @@ Three phases, for M nodes of L ranks each (L may differ from node to node)::
    (read L inputs, write the result once to its own buffer and once to its
    segment, for the others).
 2. The owners of slice j on every node form rail j and all-reduce it across
-   the M nodes with one of three plans (:data:`ACROSS`, chosen per slice size
+   the M nodes with one of the plans :func:`across_choices` lists (the records
+   registered with ``across=True``), chosen per slice size
    by the cost model, :func:`across_nodes`, or the ``across`` setting): the
    ring, 2(M-1) serial steps moving 2(M-1)/M of the slice (bandwidth-optimal);
    Rabenseifner's halving and doubling, 2 lg M steps at the ring's bytes when
@@ -72,7 +73,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _engine, _trace, tuning
+from .. import _engine, _settings, _trace, tuning
 from .._cache import Bounded
 from .._capi import handle
 from .._comm import Context, complete
@@ -82,12 +83,11 @@ from .._errors import RingMPIError
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_by_code
 from .._report import CELLS, DISAGREE, OK, TIMED_OUT, raise_from
-from .._settings import ACROSS as ACROSS_CHOICES
 from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from .registry import get, listing, register
+from .registry import get, listing, records, register
 
 
 @dataclass
@@ -671,9 +671,18 @@ def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, floa
     return t
 
 
-# The phase across nodes: the records whose plan each rail (the M owners of a slice)
-# may run, as the ``across`` setting names them (its first choice is auto).
-ACROSS = ACROSS_CHOICES[1:]
+def across_choices() -> tuple[str, ...]:
+    """The phase across nodes: the records whose plan each rail (the M owners of a
+    slice) may run (their ``across`` field), as the ``across`` setting names them."""
+    return tuple(a.name for a in records() if a.across)
+
+
+def _check_across(name: str, says: str) -> None:
+    if name != "auto" and name not in across_choices():
+        raise ValueError(f"{says} must be auto, {', '.join(across_choices())}, not {name!r}")
+
+
+_settings.check_with("across", _check_across)
 
 
 def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
@@ -698,7 +707,7 @@ def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
             t = plan_terms(nbytes, nodes)
         return sum(getattr(costs, k) * v for k, v in t.items() if k != "call")
 
-    return min(ACROSS, key=seconds)
+    return min(across_choices(), key=seconds)
 
 
 def warm(kinds) -> None:

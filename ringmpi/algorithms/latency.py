@@ -31,7 +31,7 @@ from collections.abc import Callable
 from .. import tuning
 from ..plans import FINAL, REDUCE, THEIRS_FIRST, Plan, Rows
 from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds
-from .registry import register
+from .registry import FORWARDS, register
 
 __all__ = ["doubling_all_gather", "halving_reduce_scatter", "hybrid_depth", "rabenseifner",
            "rabenseifner_hybrid", "rabenseifner_to", "recursive_doubling"]  # fmt: skip
@@ -330,6 +330,27 @@ def rabenseifner_hybrid_terms(n: float, p: int, nodes: int = 1, per_node: int = 
     return _with_fold(_hybrid(n, q, hybrid_depth(n, q, tuning.pricing(p))), n, rem)
 
 
+def halving_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
+    """lg p' alpha + n(p'-1)/p' (beta + gamma), and the fold."""
+    if p <= 1:
+        return {"call": 1.0}
+    q, rem = _power(p)
+    part = n * (q - 1) / q
+    return _with_fold({"call": 1.0, "alpha": math.log2(q), "beta": part, "gamma": part}, n, rem)
+
+
+def doubling_all_gather_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
+    """lg p' alpha + n(p'-1)/p' beta, and the fold: two steps, the whole buffer."""
+    if p <= 1:
+        return {"call": 1.0}
+    q, rem = _power(p)
+    t = {"call": 1.0, "alpha": math.log2(q), "beta": n * (q - 1) / q}
+    if rem:
+        t["alpha"] += 2.0
+        t["beta"] += n
+    return t
+
+
 # Each partial result they forward would round to 16 bits at every step.
 register(
     "recursive_doubling",
@@ -337,6 +358,7 @@ register(
     terms=recursive_doubling_terms,
     summary="Recursive doubling: lg p steps swapping and reducing whole buffers.",
     no_half="it swaps and reduces partial results, rounded to 16 bits at every step",
+    across=True,
 )
 register(
     "rabenseifner",
@@ -344,6 +366,7 @@ register(
     terms=rabenseifner_terms,
     summary="Rabenseifner: reduce-scatter by recursive halving, all-gather by recursive doubling.",
     no_half="it forwards partial results, rounded to 16 bits at every step",
+    across=True,
 )
 register(
     "rabenseifner_hybrid",
@@ -352,7 +375,15 @@ register(
     summary="Rabenseifner halved to the depth the cost model picks, recursive doubling below.",
     no_half="it forwards partial results, rounded to 16 bits at every step",
     auto=False,
+    across=True,
 )
+# The halves (Rabenseifner's): from 3 ranks; at 2 they are the ring.
+register("recursive_halving", collective="reduce_scatter", plan=halving_reduce_scatter,
+         terms=halving_terms, summary="Recursive halving: lg p steps, each sending half of "
+         "what the rank still holds.", no_half=FORWARDS, auto_from=3)  # fmt: skip
+register("recursive_doubling", collective="allgather", plan=doubling_all_gather,
+         terms=doubling_all_gather_terms, summary="Recursive doubling: lg p steps, each "
+         "swapping everything the rank holds.", auto_from=3)  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

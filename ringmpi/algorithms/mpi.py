@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from .. import _direct
 from .._capi import handle
-from .._comm import Context, library_allreduce
+from .._comm import Context, complete, library_allreduce
 from ..kernels import DTYPES, Reduction
 from .registry import register
 
@@ -72,6 +72,52 @@ def warm(kinds) -> None:
 register("mpi", mpi_allreduce_run, own=False, direct=direct, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip
+
+
+def mpi_reduce_scatter_run(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray,
+                           timeout: float, counts) -> None:  # fmt: skip
+    """MPI_Reduce_scatter of the loaded MPI library (the baseline; not traced)."""
+    if red.half and red.name == "avg":
+        raise TypeError(f"reduce-scatter: {red.describe()} through the library's call: MPI has "
+                        "no average, and a 16-bit sum divided afterwards would round twice "
+                        "(shared_memory, on one node, averages with one rounding)")  # fmt: skip
+    comm, r = ctx.comm, ctx.rank
+    into = source if np.may_share_memory(work, source) else work  # in place: MPI's own way
+    send = MPI.IN_PLACE if into is source else source
+    even = len(set(counts)) == 1
+    if timeout:
+        req = (comm.Ireduce_scatter_block(send, into, red.mpi_op) if even
+               else comm.Ireduce_scatter(send, into, list(counts), red.mpi_op))  # fmt: skip
+        complete(req, ctx, timeout, f"rank {r}: mpi MPI_Ireduce_scatter",
+                 "the other ranks (MPI does not say which)")  # fmt: skip
+    elif even:
+        comm.Reduce_scatter_block(send, into, red.mpi_op)
+    else:
+        comm.Reduce_scatter(send, into, list(counts), red.mpi_op)
+    if into is source and work.size:
+        work[...] = source[: counts[r]]
+    if not red.half:
+        red.finish(work, ctx.size)
+
+
+def mpi_allgather_run(work: np.ndarray, red: Reduction, ctx: Context, source: None,
+                      timeout: float, counts) -> None:  # fmt: skip
+    """MPI_Allgather of the loaded MPI library (the baseline; not traced)."""
+    if timeout:
+        complete(
+            ctx.comm.Iallgather(MPI.IN_PLACE, work),
+            ctx,
+            timeout,
+            f"rank {ctx.rank}: mpi MPI_Iallgather",
+            "the other ranks (MPI does not say which)",
+        )
+    else:
+        ctx.comm.Allgather(MPI.IN_PLACE, work)
+
+
+register("mpi", mpi_reduce_scatter_run, collective="reduce_scatter", own=False,
+         half=mpi_reduce_scatter_run)  # fmt: skip
+register("mpi", mpi_allgather_run, collective="allgather", own=False)
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

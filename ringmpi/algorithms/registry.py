@@ -1,16 +1,30 @@
-"""The registry: every all-reduce algorithm is one self-describing :class:`Algorithm` record.
+"""The registry: every algorithm is one self-describing :class:`Algorithm` record.
 
 An algorithm module builds its record with :func:`register` and nothing else
 in the package names it: ``algorithm=``, auto's choice, the CLI's ``-a all``,
 the error messages and the plan tests all read the records. This module sits
 at the bottom of the package and imports no algorithm.
 
-Every algorithm has one signature, ``run(work, red, ctx, source, timeout)``:
-``work`` is a 1-D C-contiguous array that receives the result; this rank's
-contribution is ``source`` (same size and dtype) or, when ``source`` is None,
-already in ``work``; ``red`` is the checked :class:`~ringmpi.kernels.Reduction`,
-``ctx`` the communicator's :class:`~ringmpi._comm.Context` and ``timeout`` the
-call's seconds without progress before a rank gives up (0: none).
+A record carries out one of :data:`COLLECTIVES`: the all-reduce (the default),
+or one of the ring's two halves, ``reduce_scatter`` (ringmpi.Reduce_scatter and
+Reduce_scatter_block) and ``allgather``. Names are per collective: ``ring`` is
+a record of each. Every algorithm has one signature, ``run(work, red, ctx,
+source, timeout)``, and a half's one more argument, ``counts``:
+
+* all-reduce: ``work`` is a 1-D C-contiguous array that receives the result;
+  this rank's contribution is ``source`` (same size and dtype) or, when
+  ``source`` is None, already in ``work``;
+* reduce-scatter: ``source`` is this rank's whole input (``sum(counts)``
+  elements, C-contiguous) and ``work`` receives rank r's reduced block,
+  ``counts[r]`` elements from ``sum(counts[:r])`` on; ``work`` may be the first
+  elements of ``source`` (in place);
+* all-gather: ``work`` is the whole buffer as bytes (``red`` a reduction of
+  uint8 that is never applied), ``counts`` the bytes per rank, this rank's
+  block already in place; ``source`` is None;
+
+``red`` is the checked :class:`~ringmpi.kernels.Reduction`, ``ctx`` the
+communicator's :class:`~ringmpi._comm.Context` and ``timeout`` the call's
+seconds without progress before a rank gives up (0: none).
 """
 
 from __future__ import annotations
@@ -28,8 +42,15 @@ from .._comm import Context
 from ..kernels import Reduction
 from ..plans import Plan
 
-__all__ = ["STALE", "Algorithm", "check", "engine_run", "fits", "get", "listing", "lookup", "names",
-           "records", "register", "repeater", "unregister"]  # fmt: skip
+__all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "check", "engine_run", "fits", "get",
+           "half_run", "listing", "lookup", "names", "records", "register", "repeater",
+           "unregister"]  # fmt: skip
+
+# Why a reduce-scatter that forwards partial results cannot take the half types.
+FORWARDS = ("forwards partial results, rounded to 16 bits at every step (shared_memory "
+            "folds every contribution at once; auto takes it on one node)")  # fmt: skip
+# What a record carries out (its ``collective``); the all-reduce is the default.
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
 AlgorithmFn = Callable[..., None]
 # What a direct call returns when it sent nothing (not an error code: those are >= 0).
@@ -54,17 +75,21 @@ class Algorithm:
     name: str
     run: AlgorithmFn
     summary: str
+    collective: str = "allreduce"  # one of COLLECTIVES
     # The cost model's terms (pure): tuning.predict sums constant x count.
     terms: TermsFn | None = None
     # Model constants of its own, with their defaults (a tuning file may set them).
     constants: Mapping[str, float] = field(default_factory=dict)
     # The step engine carries out this plan for it (pure: the plan tests simulate it).
-    plan: PlanFn | None = None
+    # A half's: counts -> the plan builder for those counts per rank.
+    plan: Callable[..., Any] | None = None
     own: bool = True  # one of ringmpi's own, traced; False: the MPI library's baseline
     auto: bool = True  # a candidate of auto (in the default mode)
     keeps_order: bool = False  # its result is the left fold in rank order, bitwise
     one_node: bool = False  # it needs every rank of the communicator on one node
     crowded: bool = True  # auto may choose it where ranks crowd the cores (8+ a core)
+    auto_from: int = 1  # auto considers it from this many ranks (below: another's twin)
+    across: bool = False  # hierarchical may run its plan across nodes (the across setting)
     # How it reduces the half types with one rounding, or why it cannot (no_half).
     half: AlgorithmFn | None = None
     no_half: str = "it has no half-type path"
@@ -91,24 +116,34 @@ class Algorithm:
         return replace(self, run=self.half, plan=None, direct=None)
 
 
-_REGISTRY: dict[str, Algorithm] = {}
+_REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
 
 def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algorithm:
-    """Register algorithm ``name`` (replacing one of that name) and return its record.
+    """Register algorithm ``name`` of its ``collective`` (the all-reduce unless given;
+    replacing one of that name) and return its record.
 
     ``run`` defaults, for an algorithm with a ``plan``, to the step engine
-    carrying it out (:func:`engine_run`). ``summary`` defaults to the first
-    line of ``run``'s docstring. The other keywords are :class:`Algorithm`'s
-    fields.
+    carrying it out (:func:`engine_run`, a half's :func:`half_run`). ``summary``
+    defaults to the first line of ``run``'s docstring (a half's plan builder's).
+    The other keywords are :class:`Algorithm`'s fields.
     """
+    collective = fields.get("collective", "allreduce")
+    if collective not in _REGISTRY:
+        raise ValueError(f"algorithm {name!r}: collective must be one of "
+                         f"{', '.join(COLLECTIVES)}, not {collective!r}")  # fmt: skip
     if run is None:
         if fields.get("plan") is None:
             raise TypeError(f"algorithm {name!r}: give a run function or a plan")
-        run = engine_run(name, fields["plan"])
+        plan = fields["plan"]
+        run = (
+            engine_run(name, plan)
+            if collective == "allreduce"
+            else half_run(name, plan, collective)
+        )
     summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
     algo = Algorithm(name, run, summary, **fields)
-    _REGISTRY[name] = algo
+    _REGISTRY[collective][name] = algo
     return algo
 
 
@@ -123,31 +158,57 @@ def engine_run(name: str, plan: PlanFn) -> AlgorithmFn:
     return run
 
 
-def records() -> list[Algorithm]:
-    """Every registered algorithm, in registration order."""
-    return list(_REGISTRY.values())
+def half_run(name: str, builder: Callable[..., Any], collective: str) -> AlgorithmFn:
+    """The run function of a half with a plan: ``builder(counts)`` is the plan builder
+    for ``counts`` per rank, which the step engine carries out on a working copy
+    (reduce-scatter; rank r's block is copied out) or on the buffer itself
+    (all-gather)."""
+    if collective == "allgather":
+
+        def run(work, red, ctx, source, timeout, counts):
+            plan = ctx.plan(builder(tuple(counts)), work.size, 1)
+            _engine.run(plan, work, red, ctx, name, timeout)
+
+    else:
+
+        def run(work, red, ctx, source, timeout, counts):
+            total, r = sum(counts), ctx.rank
+            scratch = ctx.scratch(total * red.dtype.itemsize).view(red.dtype)  # no page faults
+            plan = ctx.plan(builder(tuple(counts)), total, red.dtype.itemsize)
+            _engine.run(plan, scratch, red, ctx, name, timeout, source=source)
+            start = sum(counts[:r])
+            work[...] = scratch[start : start + counts[r]]
+
+    run.__doc__ = builder.__doc__
+    return run
 
 
-def names() -> list[str]:
-    """Every name ``algorithm=`` accepts."""
-    return ["auto", *_REGISTRY]
+def records(collective: str = "allreduce") -> list[Algorithm]:
+    """Every registered algorithm of ``collective``, in registration order."""
+    return list(_REGISTRY[collective].values())
 
 
-def lookup(name: str, where: str = "algorithm") -> str:
+def names(collective: str = "allreduce") -> list[str]:
+    """Every name ``algorithm=`` accepts for ``collective``."""
+    return ["auto", *_REGISTRY[collective]]
+
+
+def lookup(name: str, where: str = "algorithm", collective: str = "allreduce") -> str:
     """Check an algorithm name (ValueError listing the known ones); returns it."""
-    if name != "auto" and name not in _REGISTRY:
-        raise ValueError(f"{where}: unknown name {name!r} (known: {', '.join(names())})")
+    if name != "auto" and name not in _REGISTRY[collective]:
+        raise ValueError(f"{where}: unknown name {name!r} "
+                         f"(known: {', '.join(names(collective))})")  # fmt: skip
     return name
 
 
-def get(name: str) -> Algorithm:
+def get(name: str, collective: str = "allreduce") -> Algorithm:
     """The record of algorithm ``name`` (ValueError for an unknown one)."""
-    return _REGISTRY[lookup(name)]
+    return _REGISTRY[collective][lookup(name, collective=collective)]
 
 
-def unregister(name: str) -> None:
+def unregister(name: str, collective: str = "allreduce") -> None:
     """Forget algorithm ``name`` (for tests that register their own)."""
-    _REGISTRY.pop(name, None)
+    _REGISTRY[collective].pop(name, None)
 
 
 def fits(algo: Algorithm, ctx: Context) -> bool:
@@ -180,7 +241,7 @@ def listing(capability: str, but: str = "") -> str:
     """The algorithms with ``capability`` (but ``but``), with their limits: "ring,
     shared_memory (one node only), ..."."""
     said = []
-    for a in _REGISTRY.values():
+    for a in _REGISTRY["allreduce"].values():
         if getattr(a, capability) not in (None, False) and a.name != but:
             alone = a.one_node or (capability == "half" and a.half_one_node)
             said.append(a.name + (" (one node only)" if alone else ""))

@@ -62,7 +62,7 @@ from .._copy import copy
 from ..kernels import Reduction
 from ..plans import FINAL, FOLD, FROM_INPUT, OWN_FROM_INPUT, REDUCE, STORE, TO_SLOTS, Plan, Rows
 from ..schedule import ALL_GATHER, REDUCE_SCATTER, chunk_bounds, ring_steps
-from .registry import register
+from .registry import FORWARDS, register
 
 __all__ = ["all_gather", "all_gather_owned", "direct_exchange", "direct_slots", "reduce_scatter",
            "ring", "terms"]  # fmt: skip
@@ -206,13 +206,33 @@ def ring_half(
     _engine.run(ctx.plan(all_gather, n, 2), work, red, ctx, "ring", timeout)
 
 
+def reduce_scatter_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
+    """(p-1) alpha + n(p-1)/p (beta + gamma): every chunk but one, reduced on arrival."""
+    if p <= 1:
+        return {"call": 1.0}
+    return {"call": 1.0, "alpha": p - 1.0, "beta": n * (p - 1) / p, "gamma": n * (p - 1) / p}
+
+
+def all_gather_terms(n: float, p: int, nodes: int = 1, per_node: int = 1):
+    """(p-1) alpha + n(p-1)/p beta: every chunk but one, stored."""
+    if p <= 1:
+        return {"call": 1.0}
+    return {"call": 1.0, "alpha": p - 1.0, "beta": n * (p - 1) / p}
+
+
 RING = register(
     "ring",
     plan=ring,
     terms=terms,
     summary="Ring all-reduce: reduce-scatter then all-gather with the ring neighbours, pipelined.",
     half=ring_half,
+    across=True,
 )
+register("ring", collective="reduce_scatter", plan=reduce_scatter, terms=reduce_scatter_terms,
+         summary="The ring's reduce-scatter: N - 1 steps with the ring neighbours.",
+         no_half=FORWARDS)  # fmt: skip
+register("ring", collective="allgather", plan=all_gather_owned, terms=all_gather_terms,
+         summary="The ring's all-gather: N - 1 steps with the ring neighbours.")  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

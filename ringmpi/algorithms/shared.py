@@ -547,6 +547,51 @@ SHARED_MEMORY = register(
 )
 
 
+def shared_memory_reduce_scatter(work: np.ndarray, red: Reduction, ctx: Context,
+                                 source: np.ndarray, timeout: float,
+                                 counts: Sequence[int]) -> None:  # fmt: skip
+    """Through the node's window: each rank stores the others' blocks once, then folds
+    its own from every rank's in rank order (the half types with one rounding)."""
+    r = ctx.rank
+    # The fold reads this rank's own operand from the input: in place, it writes elsewhere.
+    out = ctx.scratch(work.nbytes).view(work.dtype) if np.may_share_memory(work, source) else work
+    own = sum(counts[:r])
+    if ctx.size == 1:
+        out[...] = source[own : own + counts[r]]
+    else:
+        shared_memory_halves(out, source, own, counts, red, ctx, timeout, gather=False)
+    if out is not work:
+        work[...] = out
+
+
+def shared_memory_all_gather(work: np.ndarray, red: Reduction, ctx: Context, source: None,
+                             timeout: float, counts: Sequence[int]) -> None:  # fmt: skip
+    """Through the node's window: each rank stores its block once and copies the others'."""
+    shared_memory_halves(work, work, sum(counts[: ctx.rank]), counts, red, ctx, timeout,
+                         gather=True)  # fmt: skip
+
+
+def halves_terms(gather: bool):
+    """The halves' terms: per piece each rank waits on p flags (shm_wait); shm_byte per
+    byte a rank stores and loads (what the trace counts): the reduce-scatter stores
+    the others' blocks and loads its own from the others', the all-gather stores its
+    own and loads the others'."""
+
+    def terms(n: float, p: int, nodes: int = 1, per_node: int = 1) -> dict[str, float]:
+        if p <= 1:
+            return {"call": 1.0}
+        moved = n if gather else 2 * n * (p - 1) / p
+        return {"call": 1.0, "shm_wait": max(1, math.ceil(n / SET_BYTES)) * p, "shm_byte": moved}
+
+    return terms
+
+
+register("shared_memory", shared_memory_reduce_scatter, collective="reduce_scatter",
+         terms=halves_terms(False), one_node=True, half=shared_memory_reduce_scatter)  # fmt: skip
+register("shared_memory", shared_memory_all_gather, collective="allgather",
+         terms=halves_terms(True), one_node=True)  # fmt: skip
+
+
 if __name__ == "__main__":  # a module, not a program: say where the tool is
     from ringmpi._program import not_a_program
 

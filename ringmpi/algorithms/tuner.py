@@ -57,6 +57,14 @@ def timed_calls(nbytes: int) -> int:
     return next((calls for upto, calls in _TIMED if nbytes <= upto), TIMED)
 
 
+# A class's key: the all-reduce's size class, or "collective:class" for a half's.
+Key = int | str
+
+
+def _size_class(key: Key) -> int:
+    return key if isinstance(key, int) else int(key.rsplit(":", 1)[1])
+
+
 SHORTLIST = 2  # how many of the model's best own algorithms are tried
 # The library's call stays unless one of ringmpi's own is at least this much faster
 # in the trials: medians of a few calls differ by as much from run to run at large
@@ -71,6 +79,7 @@ class _Trials:
 
     names: list[str]
     timed: int  # timed calls per candidate
+    collective: str = "allreduce"
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
     repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
@@ -103,18 +112,19 @@ class Trial:
     """What :func:`ringmpi.algorithms.choose` returns while a class is being tried:
     ``run`` runs this call's candidate, timed, and settles the class after the last."""
 
-    def __init__(self, tuner: Tuner, klass: int, trials: _Trials, candidate) -> None:
+    def __init__(self, tuner: Tuner, klass: Key, trials: _Trials, candidate) -> None:
         self.tuner, self.klass, self.trials, self.candidate = tuner, klass, trials, candidate
         self.name = candidate.name
 
-    def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0) -> None:
+    def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
+        """The candidate's call (``more``: a half's counts), timed from the second round."""
         trials, i = self.trials, self.trials.calls % len(self.trials.names)
         timed = trials.calls >= len(trials.names)  # the first round is untimed
-        if _trace._active:  # the traced path, so that the trace counts its sends
+        if _trace._active or more:  # traced (the trace counts its sends), or a half
             if timed:
                 _together(ctx, timeout)
             t0 = time.perf_counter_ns()
-            self.candidate.run(work, red, ctx, source, timeout)
+            self.candidate.run(work, red, ctx, source, timeout, *more)
             took = (time.perf_counter_ns() - t0) * 1e-9
         else:
             key = (self.name, red.name, red.dtype.str, work.size, timeout)
@@ -141,7 +151,7 @@ class Trial:
                 took = (time.perf_counter_ns() - t0) * 1e-9
         if timed:
             trials.times[i].append(took)
-        _trace.record_trial(self.klass, self.name, took, timed)
+        _trace.record_trial(_size_class(self.klass), self.name, took, timed)
         trials.calls += 1
         if trials.calls == trials.total:
             self.tuner.settle(self.klass, trials, ctx, timeout)
@@ -174,27 +184,31 @@ class Tuner:
 
     def __init__(self, ctx: Context, settings: _settings.Settings, layout: str) -> None:
         self.settings, self.layout = settings, layout
-        self.trying: dict[int, _Trials] = {}
+        self.trying: dict[Key, _Trials] = {}
         self.path = cache_file(settings)
-        self.known: dict[int, str] = _load(ctx, self.path, layout, settings.retune_days)
+        self.known: dict[Key, str] = _load(ctx, self.path, layout, settings.retune_days)
 
-    def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True):
+    def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
+               collective: str = "allreduce"):  # fmt: skip
         """The record a call of ``nbytes`` runs: the class's winner, or its next trial.
         A class is tuned apart for reductions the library's call may not run
-        (``library`` False: ringmpi's own candidates only)."""
+        (``library`` False: ringmpi's own candidates only); a half's classes are
+        its own, ``"reduce_scatter:17"`` in the file."""
         klass = nbytes.bit_length() if library else -nbytes.bit_length()
-        name = self.known.get(klass)
+        key: Key = klass if collective == "allreduce" else f"{collective}:{klass}"
+        name = self.known.get(key)
         if name is not None:
-            if name in names() and fits(get(name), ctx):
-                return get(name)
-            del self.known[klass]  # a file's algorithm that is not registered here: try again
-        trials = self.trying.get(klass)
+            if name in names(collective) and fits(get(name, collective), ctx):
+                return get(name, collective)
+            del self.known[key]  # a file's algorithm that is not registered here: try again
+        trials = self.trying.get(key)
         if trials is None:
-            trials = self.trying[klass] = _Trials([a.name for a in shortlist], timed_calls(nbytes))
-        candidate = get(trials.names[trials.calls % len(trials.names)])
-        return Trial(self, klass, trials, candidate)
+            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
+                                                collective)  # fmt: skip
+        candidate = get(trials.names[trials.calls % len(trials.names)], collective)
+        return Trial(self, key, trials, candidate)
 
-    def settle(self, klass: int, trials: _Trials, ctx: Context, timeout: float) -> None:
+    def settle(self, klass: Key, trials: _Trials, ctx: Context, timeout: float) -> None:
         """Agree on the trials' timings (one collective) and keep the winner."""
         mine = np.array([float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
                                                                   strict=True)])  # fmt: skip
@@ -209,7 +223,7 @@ class Tuner:
         self.known[klass] = winner
         del self.trying[klass]
         times = dict(zip(trials.names, slowest.tolist(), strict=True))
-        _trace.record_tuned(klass, winner, times)
+        _trace.record_tuned(_size_class(klass), winner, times)
         if ctx.rank == 0 and self.path is not None:
             _store(self.path, self.layout, klass, winner, times)
 
@@ -245,14 +259,14 @@ def _layout(ctx: Context, settings: _settings.Settings, nodes: int, per_node: in
             f"{per_node} | {wait} | settings {digest:08x}")  # fmt: skip
 
 
-def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> dict[int, str]:
+def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> dict[Key, str]:
     """The cache file's choices for ``layout`` that are not due a re-check: read by
     rank 0, broadcast (every rank must make the same choice)."""
-    known: dict[int, str] = {}
+    known: dict[Key, str] = {}
     if ctx.rank == 0 and path is not None:
         entries = _read(path).get("layouts", {}).get(layout, {})
         oldest = time.time() - retune_days * 86400.0
-        known = {int(k): v["algorithm"] for k, v in entries.items()
+        known = {(k if ":" in k else int(k)): v["algorithm"] for k, v in entries.items()
                  if v.get("tuned_at", 0.0) >= oldest}  # fmt: skip
     return ctx.comm.bcast(known, root=0) if ctx.size > 1 else known
 
@@ -273,9 +287,10 @@ def _read(path: str) -> dict:
     return data
 
 
-def _store(path: str, layout: str, klass: int, winner: str, times: dict[str, float]) -> None:
+def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float]) -> None:
     """Add one class's winner to the cache file (read, merge, write aside, rename)."""
     data = _read(path) or {"version": _VERSION, "layouts": {}}
+    klass = _size_class(key)
     entry = {
         "algorithm": winner,
         "bytes": f"{1 << (abs(klass) - 1) if klass else 0}-{(1 << abs(klass)) - 1}",
@@ -283,7 +298,7 @@ def _store(path: str, layout: str, klass: int, winner: str, times: dict[str, flo
         "seconds": {k: float(f"{v:.3g}") for k, v in times.items()},
         "tuned_at": time.time(),
     }
-    data.setdefault("layouts", {}).setdefault(layout, {})[str(klass)] = entry
+    data.setdefault("layouts", {}).setdefault(layout, {})[str(key)] = entry
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, aside = tempfile.mkstemp(prefix=".allreduce-", dir=os.path.dirname(path))

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ringmpi import algorithms, plans, tuning
-from ringmpi._settings import ACROSS as ACROSS_CHOICES
-from ringmpi.algorithms.hierarchical import across_nodes
+from ringmpi.algorithms.hierarchical import across_choices, across_nodes
 from ringmpi.schedule import (
     REDUCE_SCATTER,
     chunk_bounds,
@@ -98,7 +97,7 @@ def simulate_hierarchical(
     across: str = "ring",
 ) -> HierarchicalCost:  # fmt: skip
     """Count the hierarchical algorithm's traffic on simulated ranks: the rails run the
-    plan across nodes (``across``: one of hierarchical.ACROSS, or auto:
+    plan across nodes (``across``: one of hierarchical.across_choices(), or auto:
     the cost model's choice for each slice, as a real call makes it) through the
     simulator, which checks that every slice ends complete, each node's
     contribution counted once."""
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         default="block",
         help="emulated nodes take consecutive ranks (block) or every M-th rank (cyclic)",
     )
-    parser.add_argument("--across", choices=ACROSS_CHOICES, default="auto",
+    parser.add_argument("--across", choices=("auto", *across_choices()), default="auto",
                         help="the hierarchical plan's phase across nodes (auto: the cost "
                         "model's choice for each slice's bytes, one byte an element)")  # fmt: skip
     parser.add_argument("--plot", metavar="PNG", help="with --ranks-per-node: draw the plan")

@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
 
     from ringmpi import _halves
 
-    _halves.RING_FROM_BYTES = 0  # the halves' ring at every size (auto: from 64 KiB)
+    _halves.RING_FROM_BYTES = 0  # ringmpi's own halves at every size (auto: from 64 KiB)
 
     # No GPU here: the real-GPU backends (as mpi4py's own is_mpi_gpu names them) go.
     arrayimpl.ArrayBackends[:] = [

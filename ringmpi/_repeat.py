@@ -12,7 +12,7 @@ would overtake). A freed or broken-off communicator empties these caches
 (``_cache.changed``). A call is remembered only once the same objects come a
 second time, so that calls on ever new arrays (``allreduce()``, buffer specs) pay
 almost nothing for it. Where the record prepares its call as cells
-(``Algorithm.direct``), repeats with positional arguments and keywords ``op``
+(``Algorithm.compiled``), repeats with positional arguments and keywords ``op``
 and ``comm`` run from C (:mod:`ringmpi._direct`).
 """
 
@@ -29,7 +29,7 @@ from mpi4py import MPI
 from . import _direct, _progress, _settings, _trace
 from ._cache import Bounded, derived
 from ._comm import Context
-from .algorithms.registry import STALE, repeater
+from .algorithms.registry import STALE, prepare
 from .kernels import Reduction
 
 __all__ = ["Entry", "entries", "latest", "python_seconds", "remember"]
@@ -91,14 +91,14 @@ def _entry(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: i
            timeout: float) -> Entry:  # fmt: skip
     sendbuf, recvbuf, *rest = args
     settings = _settings.current()
-    made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
-    if made is not None:
-        in_place, run, cells = made
+    call = prepare(algo, red, ctx, count, timeout)
+    if call.cells is not None:
+        assert call.in_place is not None and call.from_ is not None  # made with the cells
+        in_place, run, cells = call.in_place, call.from_, call.cells
         if rest[2:] == ["auto", None, None, None]:  # no keyword but op and comm
-            _direct.install(sendbuf, recvbuf, rest[0], rest[1], cells, settings)
+            _direct.install(sendbuf, recvbuf, rest[0], rest[1], call.cells, settings)
     else:
-        again = repeater(algo, red, ctx, count, timeout)
-        in_place, run, cells = *_checked(again, recv, send), None
+        in_place, run, cells = *_checked(call.again, recv, send), None
     return Entry(weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
                  tuple(rest), settings, in_place, run, cells)  # fmt: skip
 

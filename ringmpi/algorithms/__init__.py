@@ -30,14 +30,15 @@ from . import tuner as _tuner
 from .registry import (
     STALE,
     Algorithm,
+    Call,
     check,
     fits,
     get,
     lookup,
     names,
+    prepare,
     records,
     register,
-    repeater,
     unregister,
 )
 from .tuner import Trial
@@ -45,6 +46,7 @@ from .tuner import Trial
 __all__ = [
     "STALE",
     "Algorithm",
+    "Call",
     "Trial",
     "candidates",
     "choose",
@@ -55,9 +57,9 @@ __all__ = [
     "names",
     "order_matters",
     "predict",
+    "prepare",
     "records",
     "register",
-    "repeater",
     "unregister",
     "usable",
     "warm",

@@ -2,7 +2,7 @@
 
 A first call goes through mpi4py. A call that repeats reaches MPI_Allreduce
 from compiled code instead: no buffer parsing, no datatype lookup, one C call.
-:func:`direct` prepares it (its handles in an int64 array, ringmpi._capi's CELL_*
+:func:`compiled` prepares it (its handles in an int64 array, ringmpi._capi's CELL_*
 layout): the API's C repeat path (ringmpi._direct) makes that call itself, and
 _direct's compiled calls, which check the arrays first, make it from the API's
 Python repeat path.
@@ -46,7 +46,7 @@ def _cells(red: Reduction, ctx: Context, count: int) -> np.ndarray:
                     np.int64)  # fmt: skip
 
 
-def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     """(in_place, from, cells): MPI_Allreduce once more straight from compiled code,
     for the API's repeat path; None where the call needs Python (a timeout polls
     the nonblocking call, AVG divides after, a count above a C int goes through
@@ -69,7 +69,7 @@ def warm(kinds) -> None:
     _direct.warm()
 
 
-register("mpi", mpi_allreduce_run, own=False, direct=direct, warm=warm,
+register("mpi", mpi_allreduce_run, own=False, compiled=compiled, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -42,8 +42,8 @@ from .._comm import Context
 from ..kernels import Reduction
 from ..plans import Plan
 
-__all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "check", "engine_run", "fits", "get",
-           "half_run", "listing", "lookup", "names", "records", "register", "repeater",
+__all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "Call", "check", "engine_run", "fits",
+           "get", "half_run", "listing", "lookup", "names", "prepare", "records", "register",
            "unregister"]  # fmt: skip
 
 # Why a reduce-scatter that forwards partial results cannot take the half types.
@@ -97,14 +97,9 @@ class Algorithm:
     # Its per-communicator state: State(ctx), made on first use by ctx.state(name),
     # freed (state.free()) with the communicator.
     state: type | None = None
-    # direct(red, ctx, count, timeout) -> (in_place, from, cells) or None: the call
-    # prepared as cells (ringmpi._capi's CELL_* layout), which the API's C repeat
-    # path makes with no Python between, and in_place(work, cells) and
-    # from(work, source, cells) (the arrays as the user passed them), which make it
-    # from Python, each returning 0, an MPI error code or STALE (nothing sent: the
-    # arrays are no longer what ``cells`` were made for); an own algorithm's raise
-    # its own errors.
-    direct: Callable[..., Any] | None = None
+    # compiled(red, ctx, count, timeout) -> (in_place, from, cells) or None: its call
+    # made from compiled code with no Python between (see Call); None where it cannot be.
+    compiled: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
 
@@ -113,7 +108,7 @@ class Algorithm:
         """The record a half-type call runs: its half path, repeated as a plain call."""
         if self.half is None:
             raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
-        return replace(self, run=self.half, plan=None, direct=None)
+        return replace(self, run=self.half, plan=None, compiled=None)
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -248,29 +243,48 @@ def listing(capability: str, but: str = "") -> str:
     return ", ".join(said)
 
 
-def repeater(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float):
-    """``again(work, source)``: ``algo`` once more on arrays of ``count`` elements of
-    ``red``'s dtype, with the least Python (``source is work``: in place). The API's
-    repeat path and the tuner's trials run this."""
-    run = None
-    made = algo.direct(red, ctx, count, timeout) if algo.direct is not None else None
+class Call(NamedTuple):
+    """A record's all-reduce of one count, reduction and communicator, made ready once
+    (:func:`prepare`): the API's repeats and auto's tuner's trials make it.
+
+    ``again(work, source)`` carries it out once more on 1-D arrays of that count
+    and dtype (``source is work``: in place), with the least Python, raising its
+    errors. Where compiled code can make it with no Python between, ``cells``
+    holds it (ringmpi._capi's CELL_* layout; the API's C repeat path reads them),
+    and ``in_place(work, cells)`` and ``from_(work, source, cells)`` make it on the
+    arrays as the user passed them, each returning 0, an MPI error code, or STALE
+    (nothing sent: not the arrays ``cells`` were made for); an own algorithm's
+    raise its own errors."""
+
+    again: Callable[[np.ndarray, np.ndarray], None]
+    cells: np.ndarray | None = None
+    in_place: Callable[..., int] | None = None
+    from_: Callable[..., int] | None = None
+
+
+def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
+    """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx``, made ready."""
+    made = algo.compiled(red, ctx, count, timeout) if algo.compiled is not None else None
     if algo.plan is not None:
         plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
-        run = _engine.prepare(plan, red, ctx, algo.name, timeout)
+        again = _engine.prepare(plan, red, ctx, algo.name, timeout)
     elif made is not None:
-        run = _direct_again(algo, red, ctx, timeout, made)
-    if run is None:
+        again = _compiled_again(algo, red, ctx, timeout, made)
+    else:
         fn = algo.run
 
-        def run(work: np.ndarray, source: np.ndarray) -> None:
+        def again(work: np.ndarray, source: np.ndarray) -> None:
             fn(work, red, ctx, None if source is work else source, timeout)
 
-    return run
+    if made is None:
+        return Call(again)
+    in_place, from_, cells = made
+    return Call(again, cells, in_place, from_)
 
 
-def _direct_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):
-    """``again`` from a record's direct calls: a builtin whose C function makes the
-    prepared call (as the API's C repeat path does), over the compiled calls."""
+def _compiled_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):
+    """``again`` from a record's compiled calls: a builtin whose C function makes the
+    call (as the API's C repeat path does), over the compiled calls."""
     in_place, from_, cells = made
     fn = algo.run
 

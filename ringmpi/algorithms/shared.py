@@ -37,7 +37,7 @@ piece's first number, and a rank raises its flag for a piece only after it
 has read all of the piece before. Buffers larger than a set go through in
 pieces of a set each.
 
-A call that repeats runs the loop from C (:func:`direct`): a C function per
+A call that repeats runs the loop from C (:func:`compiled`): a C function per
 lanes dtype makes the arrays from the addresses in the call's cells and calls
 the loop, which the API's C repeat path (ringmpi._direct) reaches with no
 Python between.
@@ -76,7 +76,7 @@ from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "direct", "shared_memory_halves", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "compiled", "shared_memory_halves", "warm"]
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
@@ -328,7 +328,7 @@ def shared_memory_halves(out: np.ndarray, source: np.ndarray, own: int, counts: 
         _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
 
 
-# A call's direct cells from _capi's CELL_OWN: (address, length) of the window as the
+# A call's cells from _capi's CELL_OWN: (address, length) of the window as the
 # lanes' dtype, of its flags, of the params and of the divisor; lanes per element.
 (_D_DATA, _D_DATA_N, _D_FLAGS, _D_FLAGS_N, _D_PARAMS, _D_PARAMS_N, _D_DIVISOR, _D_DIVISOR_N,
  _D_PER, _D_CELLS) = range(CELL_OWN, CELL_OWN + 10)  # fmt: skip
@@ -386,7 +386,7 @@ class _Node:
     def __init__(self, ctx: Context) -> None:
         self.win: MPI.Win | None = None
         self.calls: dict[tuple[int, float], tuple] = {}  # (tag, timeout) -> _shape's
-        self.direct: dict[tuple[int, float, int], tuple] = {}  # (tag, timeout, count) -> direct's
+        self.compiled: dict[tuple[int, float, int], tuple] = {}  # (tag, timeout, count) -> its call
 
     def open(self, ctx: Context, timeout: float) -> None:
         """Allocate the window (collective over the node, once)."""
@@ -412,7 +412,7 @@ class _Node:
 
     def free(self) -> None:
         self.calls.clear()
-        self.direct.clear()
+        self.compiled.clear()
         if self.win is None:
             return
         self.node.Barrier()  # nobody still reads it
@@ -443,16 +443,16 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
     return found
 
 
-def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     """(in_place, from, cells): the loop once more on ``count`` elements, straight
-    from compiled code, for calls that repeat (the registry's ``direct``); the two
+    from compiled code, for calls that repeat (the record's ``compiled``); the two
     calls raise the loop's errors themselves. None for the half types (their own
     record repeats as a plain call)."""
     if red.half:
         return None
     node, params, divisor, data, _ = _shape(red, ctx, timeout)
     key = (red.tag, timeout, count)
-    found = node.direct.get(key)
+    found = node.compiled.get(key)
     if found is None:
         per = red.dtype.itemsize // data.itemsize
         report, flags = params[_NPARAMS:], node.flags
@@ -479,7 +479,7 @@ def direct(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
                 failed()
             return err
 
-        found = node.direct[key] = (in_place, from_, cells, failed)  # failed: kept
+        found = node.compiled[key] = (in_place, from_, cells, failed)  # failed: kept
     return found[:3]
 
 
@@ -542,7 +542,7 @@ SHARED_MEMORY = register(
     one_node=True,
     half=shared_memory_allreduce,
     state=_Node,
-    direct=direct,
+    compiled=compiled,
     warm=warm,
 )
 

@@ -41,7 +41,7 @@ from mpi4py import MPI
 
 from .. import __version__, _settings, _trace
 from .._comm import Context, library_allreduce
-from .registry import fits, get, names, repeater
+from .registry import fits, get, names, prepare
 
 __all__ = ["LIBRARY_MARGIN", "SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
 
@@ -130,9 +130,9 @@ class Trial:
             key = (self.name, red.name, red.dtype.str, work.size, timeout)
             again = trials.repeats.get(key)
             if again is None:
-                again = trials.repeats[key] = repeater(self.candidate, red, ctx, work.size, timeout)
-                direct = self.candidate.direct
-                if direct is None or direct(red, ctx, work.size, timeout) is None:
+                call = prepare(self.candidate, red, ctx, work.size, timeout)
+                again = trials.repeats[key] = call.again
+                if call.cells is None:  # its repeats pay the API's Python path
                     from .. import _repeat  # noqa: PLC0415 -- it imports this package
 
                     trials.charged[i] = _repeat.python_seconds()

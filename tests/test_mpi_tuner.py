@@ -256,3 +256,43 @@ def test_the_library_is_not_tried_where_its_answer_differs(settings, where, comm
     red = ringmpi.kernels.reduction(MPI.SUM, np.dtype(np.float32))
     assert algorithms.library_agrees(red) and not algorithms.library_agrees(
         ringmpi.kernels.reduction(MPI.SUM, np.dtype(np.int16)))  # fmt: skip
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_the_halves_winners_go_under_collectives_and_the_next_run_starts_tuned(settings, where,
+                                                                              comm):  # fmt: skip
+    """A reduce-scatter is tuned by the same tuner into the same file, under its own
+    name (so a version that knows only the all-reduce's classes reads past it); an
+    entry the tuner cannot read as a size class is skipped, not fatal."""
+    settings(tuner=where)
+    n, k = comm.size, 1 << 14  # float32 a block: past the library's small calls
+    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, k * n)
+    want = verify.verify_expected(MPI.SUM, "float32", n, k * n)[comm.rank * k : (comm.rank + 1) * k]
+    want = want.astype(np.float32).tobytes()
+    out = np.empty(k, np.float32)
+    problems = []
+    with ringmpi.trace() as t:
+        for i in range(40):  # the trials (at most 3 candidates x 11 calls), then the winner
+            ringmpi.Reduce_scatter_block(x, out, comm=comm)
+            if out.tobytes() != want:
+                problems.append(f"call {i}: wrong result")
+    agree(comm, problems)
+    assert len(t.tuned) == 1
+    won = t.tuned[0].algorithm
+    path = tuner.cache_file(ringmpi._settings.current())
+    if WORLD.rank == 0:
+        data = json.loads(Path(path).read_text())
+        halves = data["collectives"]["reduce_scatter"]
+        assert [list(classes) for classes in halves.values()] == [[str((4 * k * n).bit_length())]]
+        assert not any(layout for layout in data.get("layouts", {}).values())
+        for layout in halves:  # what another version might have written
+            data.setdefault("layouts", {})[layout] = {"allgather:4": {"algorithm": "ring"}}
+        Path(path).write_text(json.dumps(data))
+    WORLD.Barrier()
+    again = WORLD.Dup()
+    try:
+        with ringmpi.trace() as t2:
+            ringmpi.Reduce_scatter_block(x, out, comm=again)
+        assert (t2.trials, t2.ran, out.tobytes() == want) == ([], [won], True)
+    finally:
+        again.Free()

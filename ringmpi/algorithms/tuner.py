@@ -193,7 +193,7 @@ class Tuner:
         """The record a call of ``nbytes`` runs: the class's winner, or its next trial.
         A class is tuned apart for reductions the library's call may not run
         (``library`` False: ringmpi's own candidates only); a half's classes are
-        its own, ``"reduce_scatter:17"`` in the file."""
+        its own (``"reduce_scatter:17"``; in the file, under ``collectives``)."""
         klass = nbytes.bit_length() if library else -nbytes.bit_length()
         key: Key = klass if collective == "allreduce" else f"{collective}:{klass}"
         name = self.known.get(key)
@@ -264,10 +264,18 @@ def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> di
     rank 0, broadcast (every rank must make the same choice)."""
     known: dict[Key, str] = {}
     if ctx.rank == 0 and path is not None:
-        entries = _read(path).get("layouts", {}).get(layout, {})
+        data = _read(path)
         oldest = time.time() - retune_days * 86400.0
-        known = {(k if ":" in k else int(k)): v["algorithm"] for k, v in entries.items()
-                 if v.get("tuned_at", 0.0) >= oldest}  # fmt: skip
+        tables: list[tuple[str, dict]] = [("allreduce", data.get("layouts", {}))]
+        tables += list(data.get("collectives", {}).items())
+        for collective, layouts in tables:
+            for k, v in layouts.get(layout, {}).items():
+                if not (k.lstrip("-").isdigit() and isinstance(v, dict)):
+                    continue  # not a size class: a file from another version
+                if v.get("tuned_at", 0.0) >= oldest:
+                    known[int(k) if collective == "allreduce" else f"{collective}:{k}"] = v[
+                        "algorithm"
+                    ]
     return ctx.comm.bcast(known, root=0) if ctx.size > 1 else known
 
 
@@ -298,7 +306,12 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
         "seconds": {k: float(f"{v:.3g}") for k, v in times.items()},
         "tuned_at": time.time(),
     }
-    data.setdefault("layouts", {}).setdefault(layout, {})[str(key)] = entry
+    # The all-reduce's classes under "layouts"; a half's under "collectives", by name.
+    if isinstance(key, int):
+        table = data.setdefault("layouts", {})
+    else:
+        table = data.setdefault("collectives", {}).setdefault(key.rsplit(":", 1)[0], {})
+    table.setdefault(layout, {})[str(klass)] = entry
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, aside = tempfile.mkstemp(prefix=".allreduce-", dir=os.path.dirname(path))

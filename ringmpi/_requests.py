@@ -105,6 +105,10 @@ class Prequest(_progress.Completion, MPI.Prequest):
         return request
 
     def Start(self) -> None:
+        library = self._library
+        if library is not None:  # settled on the library's own request: it alone starts
+            MPI.Prequest.Start(library)
+            return
         call = self._call
         if call is None:
             raise RingMPIError("Start: the request was freed")
@@ -112,13 +116,12 @@ class Prequest(_progress.Completion, MPI.Prequest):
             raise RingMPIError(f"Start: this {call.name} request is active: complete it "
                                "(Wait, Test) before starting it again")  # fmt: skip
         if call.settled is not None and call.settled():
-            library = self._library
-            if library is None:
-                library = self._library = call.library(True)
+            # The request keeps the library's persistent request from now on, as an
+            # MPI persistent collective keeps the algorithm it was made with.
+            library = self._library = call.library(True)
             MPI.Prequest.Start(library)
             self._job = None
-            if self.handle != library.handle:  # completed as the library's
-                _progress.set_handle(self, library.handle)
+            _progress.set_handle(self, library.handle)  # completed as the library's
             return
         greq = call.start()
         self._job = greq._job

@@ -24,7 +24,7 @@ goes to the library under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +42,18 @@ __all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_blo
 # auto: ringmpi's own algorithms from this size of the whole buffer, the library's call
 # below it (docs/performance.md, "The ring's halves").
 RING_FROM_BYTES = 64 << 10
+
+
+class Ready(NamedTuple):
+    """A half checked once: ``run()`` carries it out on the buffers' contents at the
+    time, as often as it is called; ``nbytes`` is what auto's choice goes by (the
+    reduce-scatter's input, the all-gather's whole buffer); ``timeout`` the call's."""
+
+    run: Callable[[], None]
+    nbytes: int
+    timeout: float
+
+
 # The registry's collective of each call.
 COLLECTIVE = {"Reduce_scatter_block": "reduce_scatter", "Reduce_scatter": "reduce_scatter",
               "Allgather": "allgather"}  # fmt: skip
@@ -57,10 +69,10 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     if algorithm == "auto" and _to_library(comm, "Reduce_scatter_block", sendbuf, recvbuf, op):
         return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
-    run = prepare_reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
-    if run is None:
+    ready = prepare_reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
+    if ready is None:
         return _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
-    run()
+    ready.run()
 
 
 def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM,
@@ -74,11 +86,11 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     if algorithm == "auto" and _to_library(comm, "Reduce_scatter", sendbuf, recvbuf, op):
         return _RS(_WORLD if comm is None else comm, sendbuf, recvbuf, recvcounts, op)
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
-    run = prepare_reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm,
-                                 timeout)  # fmt: skip
-    if run is None:
+    ready = prepare_reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm,
+                                   timeout)  # fmt: skip
+    if ready is None:
         return _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
-    run()
+    ready.run()
 
 
 def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
@@ -90,24 +102,24 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
     if algorithm == "auto" and _to_library(comm, "Allgather", None, recvbuf):
         return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
-    run = prepare_allgather(sendbuf, recvbuf, comm, algorithm, timeout)
-    if run is None:
+    ready = prepare_allgather(sendbuf, recvbuf, comm, algorithm, timeout)
+    if ready is None:
         return _library("Allgather", comm, sendbuf, recvbuf)
-    run()
+    ready.run()
 
 
 def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
                            comm: Any, algorithm: str,
-                           timeout: float | None) -> Callable[[], None] | None:  # fmt: skip
-    """The reduce-scatter checked once (bad input raises here, before any message):
-    the returned callable runs it, on the buffers' contents at the time, as often as
-    it is called (a persistent request's start). None: the library's call, with the
-    arguments as given (an inter-communicator, what ringmpi cannot reduce)."""
+                           timeout: float | None) -> Ready | None:  # fmt: skip
+    """The reduce-scatter checked once (bad input raises here, before any message),
+    ready to run as often as wanted (a persistent request's starts). None: the
+    library's call, with the arguments as given (an inter-communicator, what ringmpi
+    cannot reduce)."""
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
         return None
-    ctx, waits = checked
+    ctx, waits, record = checked
     try:
         recv = _writable(recvbuf)
         send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
@@ -140,7 +152,6 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
             f"and recvbuf {recv.size}; recvcounts {counts} need {total}"
             + ("" if send is None else f" and {counts[r]}")
         )
-    record = _named(name, algorithm)
     if red.half and record is not None and record.half is None:
         raise TypeError(f"{name}: {red.describe()}: algorithm {algorithm!r} {record.no_half}")
     # This rank's block straight into recvbuf where it is contiguous; the input where it
@@ -149,7 +160,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
     out = recv.reshape(-1)[: counts[r]] if straight else np.empty(counts[r], recv.dtype)
     whole = given.flags.c_contiguous
     source = given.reshape(-1) if whole else None
-    key = _settle_key(comm, name, given.nbytes, op, recv.dtype)
+    key = _settle_key(comm, name, given.nbytes, op, recv.dtype) if record is None else ()
 
     def run() -> None:
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
@@ -157,16 +168,16 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         if not straight:
             recv.flat[: counts[r]] = out
 
-    return run
+    return Ready(run, given.nbytes, waits)
 
 
 def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
-                      timeout: float | None) -> Callable[[], None] | None:  # fmt: skip
+                      timeout: float | None) -> Ready | None:  # fmt: skip
     """The all-gather checked once, as :func:`prepare_reduce_scatter`."""
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
         return None
-    ctx, waits = checked
+    ctx, waits, record = checked
     try:
         recv = _writable(recvbuf)
         send = None if sendbuf is MPI.IN_PLACE else _as_array(sendbuf, "sendbuf")
@@ -181,13 +192,12 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         )
     if send is not None and not recv.flags.c_contiguous:
         raise ValueError("Allgather: recvbuf must be contiguous")
-    record = _named("Allgather", algorithm)
     block = recv.nbytes // n
     counts = (block,) * n
     # On recvbuf's bytes where it is contiguous, else on a copy.
     straight = recv.flags.c_contiguous
     work = recv.reshape(-1).view(np.uint8) if straight else np.empty(n * block, np.uint8)
-    key = _settle_key(comm, "Allgather", recv.nbytes, MPI.SUM, None)
+    key = _settle_key(comm, "Allgather", recv.nbytes, MPI.SUM, None) if record is None else ()
 
     def run() -> None:
         if not straight:
@@ -199,7 +209,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         if not straight:
             recv[...] = work.view(recv.dtype).reshape(recv.shape)
 
-    return run
+    return Ready(run, recv.nbytes, waits)
 
 
 def _named(name: str, algorithm: str) -> registry.Algorithm | None:
@@ -268,7 +278,8 @@ _WORLD, _IN_PLACE, _TRACES = MPI.COMM_WORLD, MPI.IN_PLACE, _trace._active
 
 
 def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
-    """(context, timeout) for a call ringmpi runs, or None for the library's."""
+    """(context, timeout, the named record or None for auto) for a call ringmpi runs,
+    or None for the library's."""
     collective = COLLECTIVE[name]
     if algorithm not in registry.names(collective):
         raise ValueError(f"{name}: algorithm must be one of "
@@ -288,7 +299,7 @@ def _check(name: str, algorithm: str, timeout: float | None, comm: Any):
         raise ValueError(f"{name}: algorithm {algorithm!r} needs every rank of the "
                          f"communicator on one node; rank {ctx.rank}'s node holds "
                          f"{ctx.node.Get_size()} of its {ctx.size} ranks")  # fmt: skip
-    return ctx, waits
+    return ctx, waits, record
 
 
 def _writable(recvbuf: Any) -> np.ndarray:

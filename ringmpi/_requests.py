@@ -17,7 +17,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import _api, _halves, _progress, _settings, _trace
+from . import _api, _halves, _progress, _trace
 from ._comm import check_comm, context
 from ._errors import RingMPIError
 from .kernels import AVG
@@ -112,7 +112,7 @@ class Prequest(_progress.Completion, MPI.Prequest):
         call = self._call
         if call is None:
             raise RingMPIError("Start: the request was freed")
-        if self._job is not None and not self._job.done:
+        if self._job is not None and self:  # started, not completed by a Wait or Test (MPI's too)
             raise RingMPIError(f"Start: this {call.name} request is active: complete it "
                                "(Wait, Test) before starting it again")  # fmt: skip
         if call.settled is not None and call.settled():
@@ -229,25 +229,14 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                     reproducible))  # fmt: skip
 
 
-def _half(name: str, sendbuf: Any, comm: Any, algorithm: str, timeout: float | None,
-          prepare: Callable[[], Callable[[], None] | None], library: Callable[[bool], Any],
-          nbytes: int, op: Any = MPI.SUM) -> Prepared:  # fmt: skip
-    """A reduce-scatter or all-gather prepared: checked once here, as the blocking call
-    checks it (``prepare``), so that a start runs it with no checks."""
-    run = prepare()
-    waits = _settings.current().timeout if timeout is None else float(timeout)
-    if run is None:  # an inter-communicator, or what ringmpi cannot reduce
-        return prepared(name, comm, 0, op, algorithm, waits, None, library)
-    return prepared(name, MPI.COMM_WORLD if comm is None else comm, nbytes, op, algorithm,
-                    waits, run, library)  # fmt: skip
-
-
-def _nbytes(name: str, sendbuf: Any, recvbuf: Any) -> int:
-    """What auto's choice goes by, as the blocking call's: the all-gather's whole
-    buffer, the reduce-scatter's input."""
-    in_place = sendbuf is None or sendbuf is MPI.IN_PLACE
-    buf = recvbuf if name == "Allgather" or in_place else sendbuf
-    return getattr(buf, "nbytes", 0)
+def _half(name: str, comm: Any, algorithm: str, ready: _halves.Ready | None,
+          library: Callable[[bool], Any], op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+    """A reduce-scatter or all-gather prepared: checked once (``ready``, as the blocking
+    call checks it), so that a start runs it with no checks."""
+    if ready is None:  # an inter-communicator, or what ringmpi cannot reduce
+        return prepared(name, comm, 0, op, algorithm, 0.0, None, library)
+    return prepared(name, MPI.COMM_WORLD if comm is None else comm, ready.nbytes, op, algorithm,
+                    ready.timeout, ready.run, library)  # fmt: skip
 
 
 _NONBLOCKING: dict[str, Any] = {
@@ -269,31 +258,26 @@ def _library(name: str, comm: Any, *args: Any) -> Callable[[bool], Any]:
 def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter_block"
-    call = _half(name, send, comm, algorithm, timeout,
-                 lambda: _halves.prepare_reduce_scatter(True, send, recvbuf, None, op, comm,
-                                                        algorithm, timeout),
-                 _library(name, comm, send, recvbuf, op), _nbytes(name, send, recvbuf),
-                 op)  # fmt: skip
+    ready = _halves.prepare_reduce_scatter(True, send, recvbuf, None, op, comm, algorithm,
+                                           timeout)  # fmt: skip
+    call = _half(name, comm, algorithm, ready, _library(name, comm, send, recvbuf, op), op)
     return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
 def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter"
-    call = _half(name, send, comm, algorithm, timeout,
-                 lambda: _halves.prepare_reduce_scatter(False, send, recvbuf, recvcounts, op,
-                                                        comm, algorithm, timeout),
-                 _library(name, comm, send, recvbuf, recvcounts, op),
-                 _nbytes(name, send, recvbuf), op)  # fmt: skip
+    ready = _halves.prepare_reduce_scatter(False, send, recvbuf, recvcounts, op, comm, algorithm,
+                                           timeout)  # fmt: skip
+    call = _half(name, comm, algorithm, ready,
+                 _library(name, comm, send, recvbuf, recvcounts, op), op)  # fmt: skip
     return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
 def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
-    call = _half("Allgather", send, comm, algorithm, timeout,
-                 lambda: _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout),
-                 _library("Allgather", comm, send, recvbuf),
-                 _nbytes("Allgather", send, recvbuf))  # fmt: skip
+    ready = _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout)
+    call = _half("Allgather", comm, algorithm, ready, _library("Allgather", comm, send, recvbuf))
     return _settles(call, algorithm, comm, None, recvbuf)
 
 

@@ -77,12 +77,19 @@ def test_it_refuses_the_half_types_with_its_own_reason():
         ringmpi.allreduce(np.ones(4, np.float16), algorithm="pairwise")
 
 
+def _pairwise_cheapest(tmp_path):
+    """A tuning file (one a rank) whose constants make pairwise the cheapest: its step
+    free, shared memory dear."""
+    costs = tuning.as_dict(tuning.defaults(WORLD.Get_size()))
+    costs.update(pairwise_step=0.0, node_call=1.0, shm_wait=1.0, shm_byte=1.0)
+    path = tmp_path / f"tuning-{WORLD.Get_rank()}.json"
+    path.write_text(json.dumps({"costs": costs, "measured": []}))
+    return path
+
+
 def test_auto_chooses_it_where_a_tuning_file_makes_it_cheapest(tmp_path, settings):
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
-    costs = tuning.as_dict(tuning.defaults(n))
-    costs.update(pairwise_step=0.0, node_call=1.0, shm_wait=1.0, shm_byte=1.0)
-    path = tmp_path / f"tuning-{rank}.json"
-    path.write_text(json.dumps({"costs": costs, "measured": []}))
+    path = _pairwise_cheapest(tmp_path)
     comm = WORLD.Dup()
     ctx = context(comm)
     red = ringmpi.kernels.reduction(MPI.SUM, np.float32)
@@ -195,10 +202,7 @@ def test_its_reduce_scatter_refuses_the_half_types_with_its_own_reason():
 def test_auto_chooses_its_reduce_scatter_where_a_tuning_file_makes_it_cheapest(tmp_path,
                                                                                 settings):  # fmt: skip
     rank, n = WORLD.Get_rank(), WORLD.Get_size()
-    costs = tuning.as_dict(tuning.defaults(n))
-    costs.update(pairwise_step=0.0, node_call=1.0, shm_wait=1.0, shm_byte=1.0)
-    path = tmp_path / f"tuning-{rank}.json"
-    path.write_text(json.dumps({"costs": costs, "measured": []}))
+    path = _pairwise_cheapest(tmp_path)
     comm = WORLD.Dup()
     ctx = context(comm)
     red = ringmpi.kernels.reduction(MPI.SUM, np.float32)

@@ -79,7 +79,6 @@ class _Trials:
 
     names: list[str]
     timed: int  # timed calls per candidate
-    collective: str = "allreduce"
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
     repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
@@ -203,8 +202,7 @@ class Tuner:
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
         if trials is None:
-            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
-                                                collective)  # fmt: skip
+            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes))
         candidate = get(trials.names[trials.calls % len(trials.names)], collective)
         return Trial(self, key, trials, candidate)
 

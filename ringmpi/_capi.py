@@ -165,6 +165,20 @@ def mpi_allreduce(typingctx, sbuf, rbuf, count, datatype, op, comm):
 
 
 @intrinsic
+def mpi_status_set_cancelled(typingctx, status, flag):
+    """MPI_Status_set_cancelled(status, flag)."""
+    sig = types.int32(status, flag)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Status_set_cancelled", "pi")
+
+
+@intrinsic
+def mpi_status_set_elements(typingctx, status, datatype, count):
+    """MPI_Status_set_elements(status, datatype, count)."""
+    sig = types.int32(status, datatype, count)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Status_set_elements", "ppi")
+
+
+@intrinsic
 def mpi_win_sync(typingctx, win):
     """MPI_Win_sync(win)."""
     sig = types.int32(win)

@@ -30,10 +30,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Literal, cast, overload
 
+import numba
+import numpy as np
 from mpi4py import MPI
+from numba import types
 
 from . import _settings, _trace
-from ._capi import _library_path
+from ._capi import _library_path, mpi_status_set_cancelled, mpi_status_set_elements, peek, poke
 
 __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
            "set_handle", "start", "threaded", "threads_allowed"]  # fmt: skip
@@ -49,8 +52,8 @@ class Job:
     """One queued call: ``run()``, then ``then(job)`` if given, then its request
     completed."""
 
-    __slots__ = ("complete", "done", "error", "event", "queue", "reported", "run", "then",
-                 "traces")  # fmt: skip
+    __slots__ = ("complete", "done", "error", "event", "queue", "reported", "reported_here",
+                 "run", "then", "traces")  # fmt: skip
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None):
         self.run: Callable[[], Any] | None = run
@@ -61,6 +64,7 @@ class Job:
         self.event: threading.Event | None = None  # set when done, where a thread runs it
         self.complete: Callable[[], Any] | None = None  # completes its request
         self.reported = False  # the error was raised by Request.Wait/Test
+        self.reported_here: Callable[[], None] | None = None  # tells the request's cells so
         self.queue: Progress | None = None  # where it is queued
 
     def execute(self) -> None:
@@ -90,6 +94,12 @@ class Job:
         if self.complete is not None:
             self.complete()
 
+    def report_here(self) -> None:
+        """Its error (if any) is raised by ringmpi's Wait or Test, not MPI's."""
+        self.reported = True
+        if self.reported_here is not None:
+            self.reported_here()
+
     def query(self, status: MPI.Status) -> None:
         """The Grequest's query: an error not raised by :class:`Request` raises here,
         so that MPI's own completion calls (Waitall) report it."""
@@ -108,7 +118,7 @@ class Completion:
         job = self._job
         if job is not None:
             finish(job)
-            job.reported = True
+            job.report_here()
         MPI.Request.Wait(cast(MPI.Request, self), status)
         self._raise(job)
         return True
@@ -118,7 +128,7 @@ class Completion:
         if job is not None and not progressed(job):
             return False
         if job is not None:
-            job.reported = True
+            job.report_here()
         done = MPI.Request.Test(cast(MPI.Request, self), status)
         self._raise(job)
         return done
@@ -179,9 +189,12 @@ class Progress:
 
     def submit(self, job: Job) -> None:
         job.queue = self
-        if self.threaded:
-            job.event = threading.Event()
         pending.append(job)
+        if not self.threaded:  # the caller's thread alone carries the queue out
+            self._queue.append(job)
+            self._pending += 1
+            return
+        job.event = threading.Event()
         with self._cv:
             self._queue.append(job)
             self._pending += 1
@@ -312,24 +325,27 @@ def completed() -> MPI.Grequest:
 
 
 @overload
-def start(ctx, job: Job, request: Literal[True] = ...) -> Request: ...
+def start(ctx, job: Job, request: Literal[True] = ..., into: Any = ...) -> Request: ...
 @overload
-def start(ctx, job: Job, request: bool) -> Request | None: ...
-def start(ctx, job: Job, request: bool = True) -> Request | None:
-    """Queue ``job`` on ``ctx``'s progress thread (made on first use); returns its
-    request, or None when ``request`` is False (``job.then`` reports instead)."""
-    if ctx.progress is None:
-        ctx.progress = Progress(mode(ctx) == "thread")
+def start(ctx, job: Job, request: bool, into: Any = ...) -> Request | None: ...
+def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
+    """Queue ``job`` on ``ctx``'s progress queue (made on first use); returns its
+    request (``into``, a :class:`Completion`, where given), or None when ``request``
+    is False (``job.then`` reports instead)."""
+    progress = ctx.progress
+    if progress is None:
+        progress = ctx.progress = Progress(mode(ctx) == "thread")
     req = None
     if request:
-        if ctx.progress.threaded or not _MPIX.usable():
+        req = Request() if into is None else into
+        if progress.threaded or not _MPIX.usable():
             greq = MPI.Grequest.Start(job.query)
             job.complete = greq.Complete
+            set_handle(req, greq.handle)
         else:
-            greq = _MPIX.start(job)
-        req = Request(greq)
+            _MPIX.start(job, req)
         req._job = job
-    ctx.progress.submit(job)
+    progress.submit(job)
     return req
 
 
@@ -342,11 +358,34 @@ _HANDLE_AT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
 )
 _HANDLE = {4: ctypes.c_uint32, 8: ctypes.c_uint64}[MPI._sizeof(MPI.Request)]
 _BITS = (1 << 8 * ctypes.sizeof(_HANDLE)) - 1
+# Where in a Request object (of any class: its C part comes first) the handle lies.
+_HANDLE_OFFSET = _HANDLE_AT(MPI.Request()) - id(MPI.Request())
 
 
 def set_handle(request: MPI.Request, handle: int) -> None:
     """Make ``request`` hold MPI handle ``handle``."""
-    _HANDLE.from_address(_HANDLE_AT(request)).value = handle & _BITS
+    _HANDLE.from_address(id(request) + _HANDLE_OFFSET).value = handle & _BITS
+
+
+# A generalized request's cells (int64), whose address is its extra_state: what the
+# compiled query and free functions read and write, with no Python between.
+(_FLAGS, _BYTE, _ERR_OTHER, _SLOT) = (0, 1, 2, 4)  # _SLOT: cells a request
+_FAILED, _FREED = 1, 2  # _FLAGS' bits: an error for MPI to raise; MPI freed the request
+_CHUNK = 1024  # requests' cells made at a time
+
+
+def _greq_query(state, status):
+    """The query function: an empty status, or MPI_ERR_OTHER for a failed call whose
+    error was not raised by ringmpi's own Wait or Test (MPI's completion call raises)."""
+    mpi_status_set_cancelled(status, 0)
+    mpi_status_set_elements(status, peek(state + 8 * _BYTE), 0)
+    return peek(state + 8 * _ERR_OTHER) if peek(state) & _FAILED else 0
+
+
+def _greq_free(state):
+    """The free function: mark the cells free (reclaimed by the next start that needs them)."""
+    poke(state, peek(state) | _FREED)
+    return 0
 
 
 class _Mpix:
@@ -354,12 +393,14 @@ class _Mpix:
     Intel MPI's) ``MPIX_Grequest_start``, whose poll and wait functions MPI_Test,
     MPI_Wait and MPI_Waitall call. Where no thread carries out the queue, these
     functions do (the queue up to the request's call), so that ``MPI.Request.Waitall``
-    over ringmpi's requests and MPI's own completes them all."""
+    over ringmpi's requests and MPI's own completes them all. The query and free
+    functions, which every completion calls, are compiled (no Python between)."""
 
     def __init__(self) -> None:
         self._lib: Any = None
-        self._jobs: dict[int, Job] = {}  # by the key the functions get as extra_state
-        self._next = 1
+        self._jobs: dict[int, Job] = {}  # by the address of their cells (the extra_state)
+        self._chunks: list[np.ndarray] = []
+        self._free: list[tuple[np.ndarray, int, int]] = []  # free cells: chunk, index, address
 
     def usable(self) -> bool:
         if self._lib is None:
@@ -373,59 +414,76 @@ class _Mpix:
         state, status = ctypes.c_void_p, ctypes.c_void_p
         fn = ctypes.CFUNCTYPE
         self._types = (
-            fn(ctypes.c_int, state, status),  # query
-            fn(ctypes.c_int, state),  # free
             fn(ctypes.c_int, state, ctypes.c_int),  # cancel
             fn(ctypes.c_int, state, status),  # poll
             fn(ctypes.c_int, ctypes.c_int, ctypes.POINTER(state), ctypes.c_double, status),  # wait
         )
-        query, free, cancel, poll, wait = self._types
-        self._fns = (query(self._query), free(self._free), cancel(lambda s, c: 0),
-                     poll(self._poll), wait(self._wait))  # fmt: skip
-        self._handle = ctypes.c_uint32()  # an MPICH handle is an int
-        lib.MPIX_Grequest_start.argtypes = [*self._types, state, ctypes.c_void_p]
-        lib.MPI_Status_set_cancelled.argtypes = [status, ctypes.c_int]
+        cancel, poll, wait = self._types
+        self._fns = (cancel(lambda s, c: 0), poll(self._poll), wait(self._wait))
+        query = numba.cfunc(types.int32(types.int64, types.int64), cache=True)(_greq_query)
+        free = numba.cfunc(types.int32(types.int64), cache=True)(_greq_free)
+        self._compiled = (query, free)  # kept: MPI calls their addresses
+        ptr = ctypes.c_void_p
+        lib.MPIX_Grequest_start.argtypes = [ptr, ptr, *self._types, state, ctypes.c_void_p]
         lib.MPI_Grequest_complete.argtypes = [ctypes.c_uint32]
-        lib.MPI_Status_set_elements.argtypes = [status, ctypes.c_uint32, ctypes.c_int]
-        self._byte = MPI._handleof(MPI.BYTE)
+        self._query, self._free_fn = ptr(query.address), ptr(free.address)
+        self._byte, self._err_other = MPI._handleof(MPI.BYTE), MPI.ERR_OTHER
+        self._start, self._complete = lib.MPIX_Grequest_start, lib.MPI_Grequest_complete
 
-    def start(self, job: Job) -> MPI.Grequest:
-        key = self._next
-        self._next += 1
-        self._jobs[key] = job
-        e = self._lib.MPIX_Grequest_start(*self._fns, key, ctypes.byref(self._handle))
+    def _cells(self) -> tuple[np.ndarray, int, int]:
+        """Free cells for a request: their chunk, index and address (reclaiming what MPI
+        freed)."""
+        if not self._free:
+            for chunk in self._chunks:
+                base = chunk.ctypes.data
+                for i in np.flatnonzero(chunk[_FLAGS::_SLOT] & _FREED).tolist():
+                    self._jobs.pop(base + 8 * _SLOT * i, None)
+                    chunk[_SLOT * i + _FLAGS] = 0
+                    self._free.append((chunk, _SLOT * i, base + 8 * _SLOT * i))
+        if not self._free:
+            chunk = np.zeros(_CHUNK * _SLOT, np.int64)
+            chunk[_BYTE::_SLOT], chunk[_ERR_OTHER::_SLOT] = self._byte, self._err_other
+            self._chunks.append(chunk)
+            base = chunk.ctypes.data
+            self._free.extend((chunk, _SLOT * i, base + 8 * _SLOT * i)
+                              for i in range(_CHUNK - 1, -1, -1))  # fmt: skip
+        return self._free.pop()
+
+    def start(self, job: Job, request: MPI.Request) -> None:
+        """Start a generalized request for ``job`` into ``request`` (its handle)."""
+        chunk, at, address = self._cells()
+        self._jobs[address] = job
+        at_handle = id(request) + _HANDLE_OFFSET
+        e = self._start(self._query, self._free_fn, *self._fns, address, at_handle)
         if e:
+            chunk[at + _FLAGS] = _FREED
             raise MPI.Exception(e)
-        handle = self._handle.value
-        job.complete = lambda: self._lib.MPI_Grequest_complete(handle)
-        greq = MPI.Grequest()  # mpi4py's Complete needs its own Start: the handle only
-        set_handle(greq, handle)
-        return greq
+        handle = _HANDLE.from_address(at_handle).value
+        complete = self._complete
 
-    def _carry_out(self, key: int | None) -> int:
-        job = self._jobs.get(key or 0)
+        def completed() -> None:
+            if job.error is not None and not job.reported:
+                chunk[at + _FLAGS] |= _FAILED
+            complete(handle)
+
+        def reported() -> None:
+            if job.error is not None:
+                chunk[at + _FLAGS] &= ~_FAILED
+
+        job.complete, job.reported_here = completed, reported
+
+    def _carry_out(self, address: int | None) -> int:
+        job = self._jobs.get(address or 0)
         if job is not None and not job.done and job.queue is not None:
             job.queue.until(job)
         return 0
 
-    def _poll(self, key: int | None, status: int) -> int:
-        return self._carry_out(key)
+    def _poll(self, address: int | None, status: int) -> int:
+        return self._carry_out(address)
 
-    def _wait(self, count: int, keys: Any, timeout: float, status: int) -> int:
+    def _wait(self, count: int, addresses: Any, timeout: float, status: int) -> int:
         for i in range(count):
-            self._carry_out(keys[i])
-        return 0
-
-    def _query(self, key: int | None, status: int) -> int:
-        lib, job = self._lib, self._jobs.get(key or 0)
-        lib.MPI_Status_set_cancelled(status, 0)
-        lib.MPI_Status_set_elements(status, self._byte, 0)
-        if job is not None and job.error is not None and not job.reported:
-            return MPI.ERR_OTHER  # MPI's completion call raises it
-        return 0
-
-    def _free(self, key: int | None) -> int:
-        self._jobs.pop(key or 0, None)
+            self._carry_out(addresses[i])
         return 0
 
 

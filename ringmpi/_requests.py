@@ -12,12 +12,15 @@ again, as MPI-4's persistent collectives do.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 from mpi4py import MPI
 
-from . import _api, _halves, _progress, _trace
+from . import _api, _halves, _progress, _repeat, _settings, _trace
+from ._cache import Bounded, derived
 from ._comm import check_comm, context
 from ._errors import RingMPIError
 from .kernels import AVG
@@ -30,6 +33,11 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
 # request of ringmpi's costs 30-80 us more than its blocking call, more than the
 # ring and the shared window save below this (docs/performance.md).
 OWN_FROM_BYTES = 1 << 20
+_NOW = _settings._now
+
+
+def _no_ref() -> None:
+    """The weak reference of a call that is not remembered (it matches nothing)."""
 
 
 class Prepared:
@@ -50,32 +58,40 @@ class Prepared:
         # (a start then starts the library's persistent request), where it can tell.
         self.settled: Callable[[], bool] | None = None
 
-    def start(self) -> _progress.Request:
+    def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
-        completes when it is done."""
+        (``into``, where given) completes when it is done."""
         assert self.run is not None
-        return _progress.start(context(self.comm, self.timeout), _progress.Job(self.run))
+        return _progress.start(context(self.comm, self.timeout), _progress.Job(self.run),
+                               into=into)  # fmt: skip
+
+
+def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:
+    """Whether ringmpi's call, not the library's request, carries out a call of ``nbytes``
+    it can run: always for a named algorithm; under auto (unless a timeout is set,
+    which the library's request cannot honour) not for buffers below OWN_FROM_BYTES,
+    for which the request's own cost outweighs what ringmpi saves, nor where neither
+    a thread nor the completion calls can carry it out (:func:`_progress.mode`)."""
+    if algorithm == "mpi":
+        return False
+    return not (
+        algorithm == "auto"
+        and op is not AVG
+        and not timeout
+        and (nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library")
+    )
 
 
 def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout: float,
              run: Callable[[], None] | None,
              library: Callable[[bool], Any]) -> Prepared:  # fmt: skip
     """The prepared call: ringmpi's ``run`` (None: what ringmpi cannot do) where it
-    pays, else the library's. Under auto (unless a timeout is set, which the
-    library's request cannot honour): buffers below OWN_FROM_BYTES, for which the
-    request's own cost outweighs what ringmpi saves, and every call where neither
-    a thread nor the completion calls can carry it out (:func:`_progress.mode`)."""
-    if run is None or algorithm == "mpi":
+    pays (:func:`_own`), else the library's."""
+    if run is None:
         return Prepared(name, comm, timeout, None, library)
     comm = check_comm(comm)
-    if (
-        algorithm == "auto"
-        and op is not AVG
-        and not timeout
-        and (nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library")
-    ):
-        return Prepared(name, comm, timeout, None, library)
-    return Prepared(name, comm, timeout, run, library)
+    return Prepared(name, comm, timeout, run if _own(comm, nbytes, op, algorithm, timeout)
+                    else None, library)  # fmt: skip
 
 
 class Prequest(_progress.Completion, MPI.Prequest):
@@ -123,10 +139,7 @@ class Prequest(_progress.Completion, MPI.Prequest):
             self._job = None
             _progress.set_handle(self, library.handle)  # completed as the library's
             return
-        greq = call.start()
-        self._job = greq._job
-        _progress.set_handle(self, greq.handle)
-        _progress.set_handle(greq, MPI.REQUEST_NULL.handle)  # this request completes it now
+        call.start(self)
 
     @classmethod
     def Startall(cls, requests: list[MPI.Prequest]) -> None:
@@ -163,34 +176,86 @@ def started(call: Prepared) -> MPI.Request:
 # --- the collectives ------------------------------------------------------------------
 
 
+class _Made(NamedTuple):
+    """A nonblocking or persistent all-reduce prepared from these very objects: what
+    confirms that a later call is on the same ones, and what was decided for them."""
+
+    recv: Callable[[], Any]  # recvbuf's weak reference
+    send: Callable[[], Any] | None  # sendbuf's; None: in place (the key says which object)
+    settings: _settings.Settings  # the snapshot it was made under
+    nbytes: int  # recvbuf's bytes
+    comm: Any  # the checked communicator
+    timeout: float
+    own: bool  # ringmpi's run, not the library's request
+    keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
+
+
+# By the ids of (recvbuf, sendbuf, op, comm) and the other arguments, as the blocking
+# call's remembered calls (ringmpi._repeat): a loop of Iallreduce on the same arrays
+# pays for the argument checks once.
+_made: Bounded[tuple, _Made] = derived(Bounded(_repeat.KEPT))
+
+
 def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                validate: bool | None, timeout: float | None,
                reproducible: bool | None) -> Prepared:  # fmt: skip
+    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
+    made = _made.get(key)
+    if (
+        made is None
+        or made.recv() is not recvbuf
+        or (made.send is not None and made.send() is not sendbuf)
+        or made.settings is not _NOW[0]
+        or recvbuf.nbytes != made.nbytes
+    ):  # fmt: skip
+        made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                  reproducible)  # fmt: skip
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
     if op is None:
         op = MPI.SUM
-    call = _api._parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
 
     def library(persistent: bool) -> MPI.Request:
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
-        return make(call.comm, sendbuf, recvbuf, op)
+        return make(made.comm, sendbuf, recvbuf, op)
 
-    if call.library:
-        return prepared("Allreduce", call.comm, 0, op, algorithm, call.timeout, None, library)
-    recv = call.recv
-    assert recv is not None and isinstance(call.comm, MPI.Intracomm)
-    # The blocking call as given: where it repeats, the arrays' checks and auto's
-    # choice are remembered, and it runs from C.
-    given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
-             "reproducible": reproducible}  # fmt: skip
-    keywords: dict[str, Any] = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    if not made.own:
+        return Prepared("Allreduce", made.comm, made.timeout, None, library)
+    keywords = made.keywords
 
     def run() -> None:
+        # The blocking call as given: where it repeats, the arrays' checks and auto's
+        # choice are remembered, and it runs from C.
         _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)
 
-    nbytes = call.nitems * recv.itemsize
-    return prepared("Allreduce", call.comm, nbytes, op, algorithm, call.timeout, run, library)
+    return Prepared("Allreduce", made.comm, made.timeout, run, library)
+
+
+def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any,
+                       algorithm: str, validate: bool | None, timeout: float | None,
+                       reproducible: bool | None) -> _Made:  # fmt: skip
+    """Check a nonblocking or persistent all-reduce and decide whose it is; remembered
+    where the objects allow."""
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
+    call = _api._parse(send, recvbuf, MPI.SUM if op is None else op, comm, algorithm, validate,
+                       timeout, reproducible)  # fmt: skip
+    given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
+             "reproducible": reproducible}  # fmt: skip
+    keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    if call.library:
+        own = False
+    else:
+        assert call.recv is not None and isinstance(call.comm, MPI.Intracomm)
+        nbytes = call.nitems * call.recv.itemsize
+        own = _own(call.comm, nbytes, op, algorithm, call.timeout)
+    made = _Made(_no_ref, None, _settings.current(), -1, call.comm, call.timeout, own, keywords)
+    if isinstance(recvbuf, np.ndarray) and (
+        sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
+    ):
+        send_ref = None if send is MPI.IN_PLACE else weakref.ref(sendbuf)
+        made = made._replace(recv=weakref.ref(recvbuf), send=send_ref, nbytes=recvbuf.nbytes)
+        _made.put(key, made)
+    return made
 
 
 def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None,

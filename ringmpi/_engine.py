@@ -59,7 +59,18 @@ from ._capi import (
 )
 from ._half import fold_half_parts
 from ._ops import combine_by_code, divide_by
-from ._report import CELLS, MPI_ERROR, OK, TIMED_OUT, WRONG_COUNT, WRONG_TAG, raise_from
+from ._report import (
+    CELLS,
+    HEADER,
+    MPI_ERROR,
+    OK,
+    TIMED_OUT,
+    WRONG_COUNT,
+    WRONG_TAG,
+    header,
+    parameters,
+    raise_from,
+)
 from ._settings import current
 from .kernels import DTYPES, Reduction
 from .plans import (
@@ -158,12 +169,12 @@ def _reduce(acc, inp, code, reverse, action, divisor):
 
 
 # The fixed arguments of a call shape, packed into one int64 array (fewer
-# arguments: Numba's dispatcher pays per argument, on every call). A plan whose
-# rows fold the half types (FOLD) adds its half kind, AVG's divisor (0: none),
-# its count (where the slots begin), where this rank's chunk starts, and how many
-# contribution starts follow the parameters.
-(_CODE, _COMM, _BYTE, _TAG, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _SLEEPY, _LANES, _TIMEOUT, _COPY,
- _KIND, _AVG_BY, _COUNT, _CHUNK, _NSTARTS, _TIMED, _NPARAMS) = range(19)  # fmt: skip
+# arguments: Numba's dispatcher pays per argument, on every call): the one header
+# (ringmpi._report), then the engine's own cells. A plan whose rows fold the half
+# types (FOLD) adds its count (where the slots begin), where this rank's chunk
+# starts, and how many contribution starts follow the parameters.
+(_COMM, _BYTE, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _LANES, _COPY, _COUNT, _CHUNK, _NSTARTS, _TIMED,
+ _NPARAMS) = range(HEADER, HEADER + 13)  # fmt: skip
 # A row's cells in the report: bytes and messages sent, then (a traced call only)
 # when it started and ended and the nanoseconds it spent reducing.
 _SENT, _MESSAGES, _STARTED, _ENDED, _REDUCING, _ROW = range(6)
@@ -176,13 +187,14 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     fixed per call shape.
 
     ``state`` holds the parameters, then the contributions' starts of a FOLD plan,
-    then the report. The parameters (the _CODE ... names): the op's number, the
-    communicator's and MPI_BYTE's handles, the tag, MPI_ANY_TAG, the segment in
-    elements of ``work``, the size of an MPI_Request, where the tag sits in
-    ``status`` (an MPI_Status seen as int32s, followed by two int32 cells for a
-    count and a flag), whether to wait sleepily, the lanes per element of the
-    plan's offsets, the timeout in ns (0: none), whether to copy ``source`` in
-    first, a FOLD plan's cells, and whether to time the rows (a traced call).
+    then the report. The parameters: the header (ringmpi._report: the op's number,
+    the tag, whether to wait sleepily, the timeout in ns, the half type and AVG's
+    divisor of a FOLD plan), then (the _COMM ... names) the communicator's and
+    MPI_BYTE's handles, MPI_ANY_TAG, the segment in elements of ``work``, the size
+    of an MPI_Request, where the tag sits in ``status`` (an MPI_Status seen as
+    int32s, followed by two int32 cells for a count and a flag), the lanes per
+    element of the plan's offsets, whether to copy ``source`` in first, a FOLD
+    plan's cells, and whether to time the rows (a traced call).
     ``scratch`` holds two segments of a reduce, or a TO_SLOTS plan's slots.
     ``requests`` holds the request slots, then a live flag per slot: the
     receives' slots first (all of a store's segments, or two for a reduce), then
@@ -198,14 +210,13 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     contribution (the half types' one rounding, :func:`ringmpi._half.fold_parts`),
     while the next segment arrives.
     """
+    code, tag, sleepy, timeout, kind, avg_by, err = header(state)
     params = state[:_NPARAMS]
     starts = state[_NPARAMS : _NPARAMS + params[_NSTARTS]]
-    report = state[_NPARAMS + params[_NSTARTS] :]
-    code, comm, byte, tag = params[_CODE], params[_COMM], params[_BYTE], params[_TAG]
+    report = state[_NPARAMS + params[_NSTARTS] :]  # the rows' cells, then the error's
+    comm, byte, w, timed = params[_COMM], params[_BYTE], params[_LANES], params[_TIMED] != 0
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
-    sleepy, w, timeout = params[_SLEEPY] != 0, params[_LANES], params[_TIMEOUT]
-    kind, avg_by, count, chunk = params[_KIND], params[_AVG_BY], params[_COUNT], params[_CHUNK]
-    timed = params[_TIMED] != 0
+    count, chunk = params[_COUNT], params[_CHUNK]
     nstat = status.size - 2
     cnt = status[nstat:]  # count, then flag
     isz = work.itemsize
@@ -214,7 +225,6 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     live = requests[nslots * rsize :]  # a flag per request slot, after the slots
     req = requests.ctypes.data
     st = status.ctypes.data
-    err = report[report.size - CELLS :]
     err[0] = OK
     if params[_COPY] != 0 and source.ctypes.data != base:
         for i in range(work.size):
@@ -369,18 +379,17 @@ class _Shape:
         table = plan.table
         self.plan, self.red, self.seg_bytes, self.timeout = plan, red, seg_bytes, timeout
         self.tag = ctx.tag(red, plan.count)
-        fixed = {_CODE: red.code, _COMM: engine.comm, _BYTE: a.byte, _TAG: self.tag,
-                 _ANY_TAG: a.any_tag, _SEG: seg, _RSIZE: a.request_size,
-                 _TAG_AT: a.tag_offset // 4, _SLEEPY: int(ctx.sleepy), _LANES: w,
-                 _TIMEOUT: round(timeout * 1e9),
-                 _COPY: int(not (table[:, ACTION] & (FROM_INPUT | OWN_FROM_INPUT)).any()),
-                 _KIND: red.half, _AVG_BY: red.avg_divisor(ctx.size) if red.half else 0,
-                 _COUNT: plan.count, _CHUNK: plan.chunk,
-                 _NSTARTS: len(plan.starts)}  # fmt: skip
-        # The fixed arguments, the contributions' starts, then what each call reports.
+        own = {_COMM: engine.comm, _BYTE: a.byte, _ANY_TAG: a.any_tag, _SEG: seg,
+               _RSIZE: a.request_size, _TAG_AT: a.tag_offset // 4, _LANES: w,
+               _COPY: int(not (table[:, ACTION] & (FROM_INPUT | OWN_FROM_INPUT)).any()),
+               _COUNT: plan.count, _CHUNK: plan.chunk, _NSTARTS: len(plan.starts)}  # fmt: skip
+        # The header and the engine's cells, the contributions' starts, then what each
+        # call reports.
         params = _NPARAMS + len(plan.starts)
-        self.state = np.zeros(params + _ROW * len(table) + CELLS, np.int64)
-        self.state[list(fixed)] = list(fixed.values())
+        self.state = parameters(params + _ROW * len(table), code=red.code, tag=self.tag,
+                                sleepy=ctx.sleepy, timeout=timeout, half=red.half,
+                                avg_by=red.avg_divisor(ctx.size) if red.half else 0)  # fmt: skip
+        self.state[list(own)] = list(own.values())
         self.state[_NPARAMS:params] = plan.starts
         self.report = self.state[params:]
         self.divisor = red.divisor(ctx.size)

@@ -20,17 +20,43 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numba
 import numpy as np
 from mpi4py import MPI
 
 from ._comm import Context, disagreement, timed_out
 from ._errors import RingMPIError
 
-__all__ = ["CELLS", "DISAGREE", "MPI_ERROR", "OK", "TIMED_OUT", "WRONG_COUNT", "WRONG_TAG",
-           "raise_from"]  # fmt: skip
+__all__ = ["CELLS", "DISAGREE", "HEADER", "H_AVG_BY", "H_CODE", "H_HALF", "H_REPORT", "H_SLEEPY",
+           "H_TAG", "H_TIMEOUT", "MPI_ERROR", "OK", "TIMED_OUT", "WRONG_COUNT", "WRONG_TAG",
+           "header", "parameters", "raise_from"]  # fmt: skip
 
 OK, MPI_ERROR, WRONG_COUNT, WRONG_TAG, TIMED_OUT, DISAGREE = range(6)
 CELLS = 5
+
+# Every compiled loop's parameters (one int64 array) open with one header at these
+# indices, read through header(): the op's number, the call's tag, whether to wait
+# sleepily (yield the core between polls), the timeout in ns (0: none), the half type
+# (Reduction.half; 0: none), what a half-type AVG fold divides by (0: none), and where
+# the report's CELLS cells are. The loop's own cells follow from HEADER.
+H_CODE, H_TAG, H_SLEEPY, H_TIMEOUT, H_HALF, H_AVG_BY, H_REPORT, HEADER = range(8)
+
+
+@numba.njit(cache=True, nogil=True)
+def header(params):
+    """(code, tag, sleepy, timeout ns, half, avg_by, the report's cells) of ``params``."""
+    at = params[H_REPORT]
+    return (params[H_CODE], params[H_TAG], params[H_SLEEPY] != 0, params[H_TIMEOUT],
+            params[H_HALF], params[H_AVG_BY], params[at : at + CELLS])  # fmt: skip
+
+
+def parameters(cells: int, *, code: int, tag: int, sleepy: bool, timeout: float, half: int = 0,
+               avg_by: int = 0) -> np.ndarray:  # fmt: skip
+    """A loop's parameters: the header filled (``timeout`` in seconds), ``cells`` more
+    (the loop's own, from HEADER), then the report, which ends the array."""
+    params = np.zeros(cells + CELLS, np.int64)
+    params[:HEADER] = (code, tag, int(sleepy), round(timeout * 1e9), half, avg_by, cells)
+    return params
 
 
 def _messages(name: str, sending: int) -> str:

@@ -82,7 +82,7 @@ from .._copy import stream_bytes as _stream_bytes
 from .._errors import RingMPIError
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_by_code
-from .._report import CELLS, DISAGREE, OK, TIMED_OUT, raise_from
+from .._report import DISAGREE, HEADER, OK, TIMED_OUT, header, parameters, raise_from
 from .._settings import Settings, current
 from .._shm import flag_barrier, node_window
 from ..kernels import Reduction
@@ -273,14 +273,12 @@ def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) 
     return win
 
 
-# A node call's fixed numbers (see _node_passes), in one int64 array, then its report
-# (ringmpi._report: the step is the pass; the rank a local rank).
-_RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _CODE, _STREAM, _STREAM_OUT, _WIN, _SLEEPY, _ISZ = (
-    range(13)
-)
-# The timeout (ns), the call's count and tag, a half type (Reduction.half; 0: none)
-# and what its fold divides by (AVG; 0: none), which passes the call makes.
-_TIMEOUT, _COUNT, _TAG, _HALF, _AVG_BY, _PHASE, _NPARAMS = range(13, 20)
+# A node call's fixed numbers (see _node_passes), in one int64 array: the header
+# (ringmpi._report: the op's number, the call's tag, the wait, the timeout, the half
+# type and what its fold divides by), these, then the report (the step is the pass;
+# the rank a local rank). _COUNT: the call's count; _PHASE: which passes it makes.
+(_RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _STREAM, _STREAM_OUT, _WIN, _ISZ, _COUNT, _PHASE,
+ _NPARAMS) = range(HEADER, HEADER + 14)  # fmt: skip
 # The passes: all of a one-node call; or, across nodes, publish and fold into the
 # buffer (before the rails), then store the finished slices and copy out (after).
 ONE_NODE, GATHER, SPREAD = 0, 1, 2
@@ -330,20 +328,19 @@ def _node_passes(work, src, window, scratch, work8, src8, window8, scratch8, fla
     there) or SPREAD (store the finished owned slices, copy out). Arrays are the
     lanes (``work``, ``src``, ``window``, ``scratch``) and their bytes (``...8``);
     elements are lanes."""
+    code, tag, sleepy, timeout, half, avg_by, err = header(params)
     rank, nl, stride, slices = params[_RANK], params[_L], params[_STRIDE], params[_S]
-    per, sets, pieces, code = params[_PER], params[_SETS], params[_PIECES], params[_CODE]
+    per, sets, pieces, phase = params[_PER], params[_SETS], params[_PIECES], params[_PHASE]
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
-    win, sleepy, isz, timeout = params[_WIN], params[_SLEEPY] != 0, params[_ISZ], params[_TIMEOUT]
-    half, avg_by, phase = params[_HALF], params[_AVG_BY], params[_PHASE]
+    win, isz = params[_WIN], params[_ISZ]
     starts = np.empty(nl if half else 0, np.int64)  # where a half-type fold's inputs are
-    err = params[_NPARAMS:]
     err[0] = OK
     me = rank * stride
     # ONE_NODE: step t publishes piece t, folds t - 1 and copies out t - 2; GATHER and
     # SPREAD: step t publishes (stores) piece t and folds (copies out) t - 1.
     last = pieces + 1 if phase == ONE_NODE else pieces
     if phase != SPREAD:
-        _announce(flags, rank, params[_COUNT], params[_TAG])
+        _announce(flags, rank, params[_COUNT], tag)
     for t in range(last + 1):
         if t < pieces and phase != SPREAD:  # publish piece t: this rank's part of others' slices
             for jj in range(theirs.size):
@@ -406,7 +403,7 @@ def _node_passes(work, src, window, scratch, work8, src8, window8, scratch8, fla
                 err[0], err[1], err[2], err[3] = TIMED_OUT, t, late, 0
                 return
             if t == 0 and phase != SPREAD:  # every rank sees every announcement: all stop
-                odd = _odd_one(flags, nl, params[_COUNT], params[_TAG])
+                odd = _odd_one(flags, nl, params[_COUNT], tag)
                 if odd >= 0:
                     at = odd * _FLAG_CELLS + _ANNOUNCED
                     err[0], err[1], err[2] = DISAGREE, 0, odd
@@ -539,12 +536,13 @@ def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, t
     found = win.calls.get(key)
     if found is None:
         ld = into.dtype
-        params = np.zeros(_NPARAMS + CELLS, np.int64)
-        params[:_NPARAMS] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
-                             lay.slices, per * w, sets, pieces, red.code, int(streaming),
-                             int(_streams_out(work.nbytes)), win.handle, int(win.sleepy),
-                             ld.itemsize, round(timeout * 1e9), work.size, red.tag, red.half,
-                             red.avg_divisor(ctx.size) if red.half else 0, phase)  # fmt: skip
+        params = parameters(_NPARAMS, code=red.code, tag=red.tag, sleepy=win.sleepy,
+                            timeout=timeout, half=red.half,
+                            avg_by=red.avg_divisor(ctx.size) if red.half else 0)  # fmt: skip
+        params[_RANK:_NPARAMS] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
+                                  lay.slices, per * w, sets, pieces, int(streaming),
+                                  int(_streams_out(work.nbytes)), win.handle, ld.itemsize,
+                                  work.size, phase)  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),

@@ -71,7 +71,7 @@ from .._capi import (
 from .._comm import Context
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_in_order_by_code
-from .._report import CELLS, DISAGREE, TIMED_OUT, raise_from
+from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
 from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
@@ -84,12 +84,12 @@ SET_BYTES = 1 << 17
 SCATTER_BYTES = 1 << 14
 _HEADER = 64  # a cache line of int64 cells: the flag, (count, code) per set, the piece count
 _PIECE = 5  # header cell: pieces this rank has done; its parity is the next piece's set
-# params cells (int64), then the report (ringmpi._report; the step is the piece)
-# _HALF: the half type (Reduction.half, 0: none), _AVG_BY: what its fold divides by,
-# _SCATTER: SCATTER_BYTES in lanes; the loop leaves in _WROTE and _READ the lanes this
-# rank stored to its slots and loaded from the others' slots (the trace's counts)
-(_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _CODE, _TAG, _SLEEPY, _WIN, _TIMEOUT, _HALF,
- _AVG_BY, _SCATTER, _WROTE, _READ, _NPARAMS) = range(17)  # fmt: skip
+# params cells (int64): the header (ringmpi._report), then these, then the report (the
+# step is the piece). _SCATTER: SCATTER_BYTES in lanes; the loop leaves in _WROTE and
+# _READ the lanes this rank stored to its slots and loaded from the others' slots (the
+# trace's counts)
+(_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _WIN, _SCATTER, _WROTE, _READ,
+ _NPARAMS) = range(HEADER, HEADER + 11)  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -115,16 +115,9 @@ def _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout):
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _shape_cells(params):
     """The call's layout cells: rank, size, the flags' and data's strides, the header's
-    and a set's lanes, the op code and the tag."""
+    and a set's lanes, and the window's handle."""
     return (params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE], params[_HDR],
-            params[_CAP], params[_CODE], params[_TAG])  # fmt: skip
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _wait_cells(params):
-    """How to wait (sleepy, the window, the timeout), and the half type's cells."""
-    return (params[_SLEEPY] != 0, params[_WIN], params[_TIMEOUT], params[_HALF],
-            params[_AVG_BY])  # fmt: skip
+            params[_CAP], params[_WIN])  # fmt: skip
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -158,10 +151,9 @@ def _allreduce(work, source, data, flags, params, divisor):
     """All-reduce ``source`` into ``work`` through the window (``data`` and ``flags``
     are two views of it); see the module docstring. ``params`` holds the _RANK ...
     cells, then the report."""
-    rank, size, fstride, dstride, hdr, cap, code, tag = _shape_cells(params)
-    sleepy, win, timeout, half, avg_by = _wait_cells(params)
+    code, tag, sleepy, timeout, half, avg_by, err = header(params)
+    rank, size, fstride, dstride, hdr, cap, win = _shape_cells(params)
     starts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
-    err = params[_NPARAMS:]
     err[0] = 0
     n = work.size
     me = rank * fstride
@@ -244,10 +236,9 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
     (from ``source`` at ``own``; q = the whole set), waits, and copies the
     others' into ``out`` at their blocks. The next piece's wait frees the
     set, as in :func:`_allreduce`."""
-    rank, size, fstride, dstride, hdr, cap, code, tag = _shape_cells(params)
-    sleepy, win, timeout, half, avg_by = _wait_cells(params)
+    code, tag, sleepy, timeout, half, avg_by, err = header(params)
+    rank, size, fstride, dstride, hdr, cap, win = _shape_cells(params)
     parts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
-    err = params[_NPARAMS:]
     err[0] = 0
     q = cap if gather else cap // size
     total, longest = 0, 0
@@ -432,11 +423,12 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
             node.open(ctx, timeout)
         lanes = red.lanes(np.zeros(0, red.dtype)).dtype
         isz = lanes.itemsize
-        params = np.zeros(_NPARAMS + CELLS, np.int64)
-        params[:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
-                             _HEADER // isz, SET_BYTES // isz, red.code, red.tag,
-                             int(ctx.sleepy), node.handle, round(timeout * 1e9), red.half,
-                             red.avg_divisor(ctx.size), SCATTER_BYTES // isz, 0, 0)  # fmt: skip
+        params = parameters(_NPARAMS, code=red.code, tag=red.tag, sleepy=ctx.sleepy,
+                            timeout=timeout, half=red.half,
+                            avg_by=red.avg_divisor(ctx.size))  # fmt: skip
+        params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
+                                  _HEADER // isz, SET_BYTES // isz, node.handle,
+                                  SCATTER_BYTES // isz, 0, 0)  # fmt: skip
         split = lanes != red.dtype
         found = (node, params, red.divisor(ctx.size), node.flat.view(lanes), split)
         node.calls[key] = found

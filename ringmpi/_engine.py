@@ -161,6 +161,26 @@ def _arrived(status, tag_at, count, byte, nbytes, tag, err, row):
 
 
 @_jit
+def _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout, live, cells, seg, slen, isz,
+          err, row, dest):  # fmt: skip
+    """Complete a row's sends ``waited`` .. ``upto`` - 1 in order, counting what each sent
+    (a segment of the ``slen`` elements): (MPI's error code or _LATE, sends done)."""
+    e = 0
+    while waited < upto:
+        e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
+        if e == _LATE:
+            err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
+            break
+        live[slots + waited] = 0
+        if e != 0:
+            break
+        cells[_SENT] += min(seg, slen - waited * seg) * isz
+        cells[_MESSAGES] += 1
+        waited += 1
+    return e, waited
+
+
+@_jit
 def _reduce(acc, inp, code, reverse, action, divisor):
     """``acc (op) inp`` in the row's order; AVG divides the finished elements."""
     combine_by_code(acc, inp, code, reverse)
@@ -317,15 +337,8 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     cells[_REDUCING] += monotonic_ns() - t
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
-                while waited < upto and e == 0:
-                    e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
-                    if e == _LATE:
-                        err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
-                        break
-                    live[slots + waited] = 0
-                    cells[_SENT] += min(seg, slen - waited * seg) * isz
-                    cells[_MESSAGES] += 1
-                    waited += 1
+                e, waited = _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout, live,
+                                  cells, seg, slen, isz, err, row, dest)  # fmt: skip
                 if e != 0:
                     break
                 half = (k % 2) * seg
@@ -344,15 +357,9 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     if e != 0:
                         break
                     live[slot] = 1
-        while waited < nsend and e == 0 and err[0] == OK:
-            e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
-            if e == _LATE:
-                err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
-                break
-            live[slots + waited] = 0
-            cells[_SENT] += min(seg, slen - waited * seg) * isz
-            cells[_MESSAGES] += 1
-            waited += 1
+        if e == 0 and err[0] == OK:
+            e, waited = _sent(nsend, waited, req, slots, rsize, st, cnt, sleepy, timeout, live,
+                              cells, seg, slen, isz, err, row, dest)  # fmt: skip
         if timed:
             cells[_ENDED] = monotonic_ns()
         if e != 0 and err[0] == OK:

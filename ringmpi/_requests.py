@@ -29,10 +29,25 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
            "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
 
-# Below this many bytes auto's nonblocking or persistent call is the library's own: a
-# request of ringmpi's costs 30-80 us more than its blocking call, more than the
-# ring and the shared window save below this (docs/performance.md).
-OWN_FROM_BYTES = 1 << 20
+# Below this many bytes auto's nonblocking or persistent call is the library's own
+# request, by MPI family: a request of ringmpi's costs 10-20 us more than its blocking
+# call, which MPICH's own requests outweigh from 64 KiB on, Intel MPI's only from
+# 1 MiB (2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
+OWN_FROM_BYTES = {"MPICH": 64 << 10, "Intel": 1 << 20}
+_OWN_FROM_OTHERS = 1 << 20
+_own_from: list[int] = []
+
+
+def own_from_bytes() -> int:
+    """Auto's smallest nonblocking or persistent call that is ringmpi's own, in bytes,
+    under this MPI family."""
+    if not _own_from:
+        version = MPI.Get_library_version()
+        found = [n for family, n in OWN_FROM_BYTES.items() if version.startswith(family)]
+        _own_from.append(found[0] if found else _OWN_FROM_OTHERS)
+    return _own_from[0]
+
+
 _NOW = _settings._now
 
 
@@ -69,8 +84,9 @@ class Prepared:
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:
     """Whether ringmpi's call, not the library's request, carries out a call of ``nbytes``
     it can run: always for a named algorithm; under auto (unless a timeout is set,
-    which the library's request cannot honour) not for buffers below OWN_FROM_BYTES,
-    for which the request's own cost outweighs what ringmpi saves, nor where neither
+    which the library's request cannot honour) not for buffers below
+    :func:`own_from_bytes`, for which the request's own cost outweighs what ringmpi
+    saves, nor where neither
     a thread nor the completion calls can carry it out (:func:`_progress.mode`)."""
     if algorithm == "mpi":
         return False
@@ -78,7 +94,7 @@ def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: flo
         algorithm == "auto"
         and op is not AVG
         and not timeout
-        and (nbytes < OWN_FROM_BYTES or _progress.mode(context(comm, timeout)) == "library")
+        and (nbytes < own_from_bytes() or _progress.mode(context(comm, timeout)) == "library")
     )
 
 
@@ -264,16 +280,18 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
                ) -> MPI.Request:  # fmt: skip
     """Start :func:`~ringmpi.Allreduce` and return its request, like ``comm.Iallreduce``.
 
-    The arguments are checked here (errors raise before any message); the call
-    then runs on the communicator's progress thread, in the order the calls were
-    made, while this thread goes on. ``Wait``/``Test`` on the request (or
-    ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
+    The arguments are checked here (errors raise before any message; a call on the
+    same objects as an earlier one takes what was checked then); the call is then
+    carried out in the order the calls were made, by a progress thread or by the
+    completion calls (the ``progress`` setting). ``Wait``/``Test`` on the request
+    (or ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
     error (a timeout, ranks that disagree) with the blocking call's message.
     Leave the buffers alone until then. A blocking call on the same communicator
     first waits for the nonblocking ones started before it. Under auto, buffers
-    below 64 KiB go to the library's own ``comm.Iallreduce``, as do calls
-    ringmpi cannot reduce itself and, where MPI was not initialized with
-    MPI_THREAD_MULTIPLE, every call (with a warning, once).
+    below :func:`own_from_bytes` (64 KiB under MPICH, 1 MiB under the others) go
+    to the library's own ``comm.Iallreduce``, as do calls ringmpi cannot reduce
+    itself and, where neither a thread nor the completion calls can carry the
+    call out, every call.
     """
     return started(_allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                               reproducible))  # fmt: skip

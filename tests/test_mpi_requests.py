@@ -13,7 +13,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _comm, _progress
+from ringmpi import _comm, _progress, _requests
 
 pytestmark = pytest.mark.mpi
 
@@ -146,6 +146,34 @@ def test_small_buffers_get_the_librarys_own_request(comm):
     req.Wait()
     req.Free()
     agree(WORLD, problems + mismatch("small", x, summed(4, 0)))
+
+
+def test_auto_takes_its_own_request_from_the_familys_size(comm):
+    """Under auto a request is ringmpi's from 64 KiB (MPICH) or 1 MiB (Intel MPI,
+    Open MPI), the library's below; exact either way, and again on the same arrays
+    (the second Iallreduce takes what the first one checked)."""
+    version = MPI.Get_library_version()
+    want = 64 << 10 if version.startswith("MPICH") else 1 << 20
+    problems = (
+        []
+        if _requests.own_from_bytes() == want
+        else [f"own_from_bytes() = {_requests.own_from_bytes()}, expected {want} ({version[:20]})"]
+    )
+    own = _progress.mode(_comm.context(comm)) != "library"
+    for nbytes, mine in ((want, own), (want - 8, False)):
+        x = ints(nbytes // 8, 0)
+        req = comm.Allreduce_init(MPI.IN_PLACE, x)
+        if isinstance(req, ringmpi.Prequest) != mine:
+            problems.append(f"{nbytes} B: a {type(req).__name__}")
+        req.Start()
+        req.Wait()
+        req.Free()
+        problems += mismatch(f"{nbytes} B persistent", x, summed(x.size, 0))
+        for k in (1, 2):
+            x[...] = ints(x.size, k)
+            comm.Iallreduce(MPI.IN_PLACE, x).Wait()
+            problems += mismatch(f"{nbytes} B nonblocking {k}", x, summed(x.size, k))
+    agree(WORLD, problems)
 
 
 def test_misuse_raises_naming_it(comm):

@@ -358,8 +358,15 @@ _HANDLE_AT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(
 )
 _HANDLE = {4: ctypes.c_uint32, 8: ctypes.c_uint64}[MPI._sizeof(MPI.Request)]
 _BITS = (1 << 8 * ctypes.sizeof(_HANDLE)) - 1
-# Where in a Request object (of any class: its C part comes first) the handle lies.
-_HANDLE_OFFSET = _HANDLE_AT(MPI.Request()) - id(MPI.Request())
+
+
+def _handle_offset() -> int:
+    """Where in a Request object (of any class: its C part comes first) the handle lies."""
+    probe = MPI.Request()
+    return _HANDLE_AT(probe) - id(probe)
+
+
+_HANDLE_OFFSET = _handle_offset()
 
 
 def set_handle(request: MPI.Request, handle: int) -> None:

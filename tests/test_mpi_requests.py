@@ -176,6 +176,19 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
     agree(WORLD, problems)
 
 
+def test_ringmpi_writes_a_requests_handle_where_mpi4py_keeps_it():
+    """MPIX_Grequest_start and set_handle write the handle at the object's address plus
+    one offset: it must be where mpi4py keeps it, for every request class used."""
+    problems = []
+    for cls in (MPI.Request, MPI.Grequest, MPI.Prequest, ringmpi.Prequest, _progress.Request):
+        request = cls()
+        if _progress._HANDLE_AT(request) != id(request) + _progress._HANDLE_OFFSET:
+            problems.append(
+                f"{cls.__name__}: handle at {_progress._HANDLE_AT(request) - id(request)}"
+            )
+    agree(WORLD, problems)
+
+
 def test_misuse_raises_naming_it(comm):
     x = np.zeros(BIG)
     req = comm.Allreduce_init(MPI.IN_PLACE, x)

@@ -12,12 +12,13 @@ cores as ranks) and MPI allows threads, else ``wait``: a progress thread
 with no core of its own only takes turns with the program, and each turn
 costs more than a small call.
 
-What the caller holds is an ``MPI.Grequest`` (:class:`Request`) completed
-when the call is done: ``Wait`` and ``Test`` take it; ``MPI.Request.Waitall``
-and the like take it beside MPI's own requests where a thread carries the
-queue (MPI's own completion calls cannot carry out ringmpi's calls). A
-blocking call on the same communicator first carries out, or waits for, the
-calls queued before it, so that calls run in the order every rank made them.
+What the caller holds is an MPI generalized request (:class:`Request`)
+completed when the call is done: ``Wait`` and ``Test`` take it;
+``MPI.Request.Waitall`` and the like take it beside MPI's own requests where
+a thread carries the queue, or where MPI calls back into the queue
+(MPIX_Grequest_start: MPICH, Intel MPI; :class:`_Mpix`). A blocking call on
+the same communicator first carries out, or waits for, the calls queued
+before it, so that calls run in the order every rank made them.
 """
 
 from __future__ import annotations

@@ -11,8 +11,10 @@ sequence (``ringmpi.Allreduce`` then the computation) and overlapped
 ``comm.Iallreduce`` overlapped the same way.
 The rounds take turns; a round's time is the slowest rank's; medians of 9.
 ``hidden`` is the share of the shorter of the two that overlapping saved:
-(sequence - overlapped) / min(comm, compute). A last overlapped call on
-verifiable inputs must give the exact sum on every rank.
+(sequence - overlapped) / min(comm, compute). ``start us`` is what the
+overlapped rounds' ``Iallreduce`` call itself took, ringmpi's and mpi4py's
+(the slowest rank's median). A last overlapped call on verifiable inputs must
+give the exact sum on every rank.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def main() -> None:
     a = np.random.default_rng(comm.rank).random((192, 192))
     if comm.rank == 0:
         print(f"{'bytes':>10} {'comm ms':>8} {'compute':>8} {'sequence':>9} {'overlap':>8} "
-              f"{'hidden':>7} {'mpi4py':>8} {'hidden':>7}  exact")  # fmt: skip
+              f"{'hidden':>7} {'mpi4py':>8} {'hidden':>7} {'start us':>8} {'mpi4py':>7}  "
+              "exact")  # fmt: skip
     for nbytes in SIZES:
         x = np.ones(nbytes // 4, np.float32)
         for _ in range(5):  # auto's tuner settles the size (untimed)
@@ -57,13 +60,19 @@ def main() -> None:
             ringmpi.Allreduce(MPI.IN_PLACE, x)
             compute()
 
-        def overlapped(x=x, compute=compute) -> None:
+        starts: dict[str, list[float]] = {"ringmpi": [], "mpi4py": []}
+
+        def overlapped(x=x, compute=compute, took=starts["ringmpi"]) -> None:
+            t0 = time.perf_counter()
             req = ringmpi.Iallreduce(MPI.IN_PLACE, x)
+            took.append(time.perf_counter() - t0)
             compute()
             req.Wait()
 
-        def library(x=x, compute=compute) -> None:
+        def library(x=x, compute=compute, took=starts["mpi4py"]) -> None:
+            t0 = time.perf_counter()
             req = comm.Iallreduce(MPI.IN_PLACE, x)
+            took.append(time.perf_counter() - t0)
             compute()
             req.Wait()
 
@@ -79,14 +88,16 @@ def main() -> None:
         req.Wait()
         exact = verify.verify_expected(MPI.SUM, "float32", comm.size, x.size)
         ok = comm.allreduce(bool(np.array_equal(x, exact)), op=MPI.LAND)
+        start = {k: comm.allreduce(float(np.median(v[:ROUNDS])), op=MPI.MAX) * 1e6
+                 for k, v in starts.items()}  # fmt: skip
         if comm.rank == 0:
             t = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
             shorter = min(t["comm"], t["compute"])
             hidden = (t["sequence"] - t["overlap"]) / shorter
             theirs = (t["sequence"] - t["library"]) / shorter
             print(f"{nbytes:>10} {t['comm']:>8.2f} {t['compute']:>8.2f} {t['sequence']:>9.2f} "
-                  f"{t['overlap']:>8.2f} {hidden:>7.0%} {t['library']:>8.2f} {theirs:>7.0%}  "
-                  f"{ok}")  # fmt: skip
+                  f"{t['overlap']:>8.2f} {hidden:>7.0%} {t['library']:>8.2f} {theirs:>7.0%} "
+                  f"{start['ringmpi']:>8.1f} {start['mpi4py']:>7.1f}  {ok}")  # fmt: skip
 
 
 def _timed(comm: MPI.Intracomm, call, repeats: int = 5) -> float:

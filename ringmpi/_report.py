@@ -52,8 +52,8 @@ def header(params):
 
 def parameters(cells: int, *, code: int, tag: int, sleepy: bool, timeout: float, half: int = 0,
                avg_by: int = 0) -> np.ndarray:  # fmt: skip
-    """A loop's parameters: the header filled (``timeout`` in seconds), ``cells`` more
-    (the loop's own, from HEADER), then the report, which ends the array."""
+    """A loop's parameters: ``cells`` cells (the header, filled here with ``timeout`` in
+    seconds, then the loop's own from HEADER on), then the report, which ends the array."""
     params = np.zeros(cells + CELLS, np.int64)
     params[:HEADER] = (code, tag, int(sleepy), round(timeout * 1e9), half, avg_by, cells)
     return params

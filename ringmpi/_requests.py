@@ -33,9 +33,9 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
 # request, by MPI family: a request of ringmpi's costs 10-20 us more than its blocking
 # call, which MPICH's own requests outweigh from 64 KiB on, Intel MPI's only from
 # 1 MiB (2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
-OWN_FROM_BYTES = {"MPICH": 64 << 10, "Intel": 1 << 20}
+OWN_FROM_BYTES = {"MPICH": 64 << 10}
 _OWN_FROM_OTHERS = 1 << 20
-_own_from: list[int] = []
+_own_from: list[int] = []  # this process's, once known
 
 
 def own_from_bytes() -> int:
@@ -86,8 +86,8 @@ def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: flo
     it can run: always for a named algorithm; under auto (unless a timeout is set,
     which the library's request cannot honour) not for buffers below
     :func:`own_from_bytes`, for which the request's own cost outweighs what ringmpi
-    saves, nor where neither
-    a thread nor the completion calls can carry it out (:func:`_progress.mode`)."""
+    saves, nor where neither a thread nor the completion calls can carry it out
+    (:func:`_progress.mode`)."""
     if algorithm == "mpi":
         return False
     return not (

@@ -51,14 +51,20 @@ pending: list[Job] = []
 
 class Job:
     """One queued call: ``run()``, then ``then(job)`` if given, then its request
-    completed."""
+    completed. A call that can stop at a wait has a ``step(wait)`` too: the queue
+    carries it on with ``step(False)`` as far as it goes without waiting for
+    another rank (at its start, in a test), and to its end with ``step(True)``."""
 
     __slots__ = ("complete", "done", "error", "event", "queue", "reported", "reported_here",
-                 "run", "then", "traces")  # fmt: skip
+                 "run", "step", "stepped", "then", "traces")  # fmt: skip
 
-    def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None):
+    def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None,
+                 step: Callable[[bool], bool | None] | None = None):  # fmt: skip
         self.run: Callable[[], Any] | None = run
         self.then = then
+        # whether done; None: not the arrays of its call (run carries it out)
+        self.step = step
+        self.stepped = False  # begun by step: step alone carries it on
         self.traces = _trace.open_here()  # a trace counts the calls started inside it
         self.error: BaseException | None = None
         self.done = False
@@ -77,15 +83,23 @@ class Job:
             queue = None
         try:
             assert self.run is not None  # a job runs once
+            call = self._to_end if self.stepped else self.run
             if self.traces or _trace._active:
                 with _trace.recording_for(self.traces):
-                    self.run()
+                    call()
             else:
-                self.run()
+                call()
         except BaseException as exc:
             self.error = exc
-        self.run = None  # the arrays go as soon as the call is done
-        if queue is not None:
+        self.ended(queue is not None)
+
+    def _to_end(self) -> None:
+        assert self.step is not None and self.step(True)
+
+    def ended(self, pending_still: bool) -> None:
+        """Done: out of ``pending`` (where it still is), its request completed."""
+        self.run = self.step = None  # the arrays go as soon as the call is done
+        if pending_still:
             pending.remove(self)
         self.done = True
         if self.event is not None:
@@ -165,10 +179,13 @@ def finish(job: Job) -> None:
 
 
 def progressed(job: Job) -> bool:
-    """Whether ``job`` is done, carrying it out first where no thread does (a test
-    must make progress, or a loop of tests would never end)."""
-    if not job.done and job.event is None and job.queue is not None:
-        job.queue.until(job)
+    """Whether ``job`` is done, carrying it on first where no thread does (a test must
+    make progress, or a loop of tests would never end): as far as it goes without
+    waiting where it can stop at a wait and is the first queued, else to its end."""
+    queue = job.queue
+    if (not job.done and job.event is None and queue is not None
+            and (job.step is None or not queue.advance(job))):  # fmt: skip
+        queue.until(job)
     return job.done
 
 
@@ -217,6 +234,28 @@ class Progress:
             return
         with self._cv:
             self._cv.wait_for(lambda: self._pending == 0)
+
+    def advance(self, job: Job) -> bool:
+        """Carry ``job`` on as far as it goes without waiting for another rank, where it
+        can stop at a wait and is the first queued (no thread carries the queue);
+        whether it could. Done, it leaves the queue."""
+        queue = self._queue
+        if self.threaded or self._running is not None or not queue or queue[0] is not job:
+            return False
+        assert job.step is not None
+        try:
+            done = job.step(False)
+        except BaseException as exc:
+            job.error, done = exc, True
+        if done is None:  # not the arrays of its call: run carries it out
+            job.step = None
+            return False
+        job.stepped = True
+        if done:
+            self._queue.popleft()
+            self._pending -= 1
+            job.ended(True)
+        return True
 
     def until(self, job: Job) -> None:
         """Carry out the queued calls up to ``job`` on this thread (no progress thread)."""
@@ -347,6 +386,8 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
             _MPIX.start(job, req)
         req._job = job
     progress.submit(job)
+    if job.step is not None:
+        progress.advance(job)
     return req
 
 
@@ -487,7 +528,10 @@ class _Mpix:
         return 0
 
     def _poll(self, address: int | None, status: int) -> int:
-        return self._carry_out(address)
+        job = self._jobs.get(address or 0)
+        if job is not None:
+            progressed(job)
+        return 0
 
     def _wait(self, count: int, addresses: Any, timeout: float, status: int) -> int:
         for i in range(count):

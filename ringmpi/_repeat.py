@@ -47,6 +47,8 @@ class Entry(NamedTuple):
     in_place: Callable[..., int]
     run: Callable[..., int]
     cells: np.ndarray | None  # the call prepared as cells (the C repeat path's), if any
+    # step(work, source, wait): the call started or carried on (registry.Call.step), if any
+    step: Callable[[np.ndarray, np.ndarray, bool], bool | None] | None = None
 
 
 # Room for a training step's arrays, one per parameter, often a few hundred
@@ -100,7 +102,7 @@ def _entry(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: i
     else:
         in_place, run, cells = *_checked(call.again, recv, send), None
     return Entry(weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-                 tuple(rest), settings, in_place, run, cells)  # fmt: skip
+                 tuple(rest), settings, in_place, run, cells, call.step)  # fmt: skip
 
 
 def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:

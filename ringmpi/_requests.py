@@ -12,6 +12,7 @@ again, as MPI-4's persistent collectives do.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -48,7 +49,7 @@ def own_from_bytes() -> int:
     return _own_from[0]
 
 
-_NOW = _settings._now
+_NOW, _TRACES = _settings._now, _trace._active
 
 
 def _no_ref() -> None:
@@ -60,7 +61,7 @@ class Prepared:
     with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
     the library's own request for it (its ``*_init`` or its nonblocking call)."""
 
-    __slots__ = ("comm", "library", "name", "run", "settled", "timeout")
+    __slots__ = ("comm", "library", "name", "run", "settled", "step", "timeout")
 
     def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
                  library: Callable[[bool], Any]) -> None:  # fmt: skip
@@ -72,13 +73,17 @@ class Prepared:
         # Whether auto's tuner has settled this call on the library's own collective
         # (a start then starts the library's persistent request), where it can tell.
         self.settled: Callable[[], bool] | None = None
+        # The call's step now (registry.Call.step on its arrays), where it can stop at a
+        # wait: a start carries it as far as it goes, Test and Wait on from there.
+        self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
 
     def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
         (``into``, where given) completes when it is done."""
         assert self.run is not None
-        return _progress.start(context(self.comm, self.timeout), _progress.Job(self.run),
-                               into=into)  # fmt: skip
+        step = self.step() if self.step is not None else None
+        return _progress.start(context(self.comm, self.timeout),
+                               _progress.Job(self.run, step=step), into=into)  # fmt: skip
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:
@@ -244,7 +249,36 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         # choice are remembered, and it runs from C.
         _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)
 
-    return Prepared("Allreduce", made.comm, made.timeout, run, library)
+    call = Prepared("Allreduce", made.comm, made.timeout, run, library)
+    call.step = _step(key[4:], sendbuf, recvbuf, op, comm)
+    return call
+
+
+def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any):
+    """What finds the step of a started all-reduce: that of the blocking call the API
+    remembered for these very objects (once it repeated, with auto settled), where
+    its algorithm can stop at a wait; None otherwise."""
+    key = (id(recvbuf), id(sendbuf), id(op), id(comm), *args)
+    in_place = sendbuf is MPI.IN_PLACE
+
+    def step() -> Callable[[bool], bool | None] | None:
+        entry = _repeat.entries.get(key)
+        if (
+            entry is None
+            or entry.step is None
+            or _TRACES
+            or entry.settings is not _NOW[0]
+            or entry.recv() is not recvbuf
+            or not recvbuf.flags.carray
+            or (not in_place and (entry.send is None or entry.send() is not sendbuf
+                                  or not sendbuf.flags.c_contiguous))
+        ):  # fmt: skip
+            return None
+        work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+        source = work if in_place else (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
+        return functools.partial(entry.step, work, source)
+
+    return step
 
 
 def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any,

@@ -176,6 +176,45 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
     agree(WORLD, problems)
 
 
+def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings):
+    """Under ``progress="wait"`` a started shared-memory all-reduce goes as far as it can
+    at its start and in each Test, neither of which waits for another rank: rank 0's
+    first Test returns before the other ranks have started (they start only once told
+    it returned), then Tests alone complete the call, exactly, start after start.
+    (A Test that ran the call to its end would wait for ranks that never start, until
+    the timeout named them.)"""
+    if SIZE == 1:
+        pytest.skip("needs a rank that starts late")
+    settings(progress="wait")
+    dup = WORLD.Dup()
+    x = np.zeros(BIG)
+    def start():
+        return ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm="shared_memory",
+                                  timeout=20)  # fmt: skip
+
+    problems = []
+    for k in range(3):  # the communicator set up, the call remembered: later ones resume
+        x[...] = ints(BIG, k)
+        start().Wait()
+        problems += mismatch(f"call {k}", x, summed(BIG, k))
+    for k in range(3, 6):
+        x[...] = ints(BIG, k)
+        if RANK != 0:
+            WORLD.recv(source=0, tag=k)
+        req = start()
+        if RANK == 0:
+            first = req.Test()
+            for r in range(1, SIZE):
+                WORLD.send(first, dest=r, tag=k)
+            if first:
+                problems.append(f"start {k}: the first Test completed before the others started")
+        while not req.Test():
+            pass
+        problems += mismatch(f"start {k}", x, summed(BIG, k))
+    dup.Free()
+    agree(WORLD, problems)
+
+
 def test_ringmpi_writes_a_requests_handle_where_mpi4py_keeps_it():
     """MPIX_Grequest_start and set_handle write the handle at the object's address plus
     one offset: it must be where mpi4py keeps it, for every request class used."""

@@ -100,6 +100,9 @@ class Algorithm:
     # compiled(red, ctx, count, timeout) -> (in_place, from, cells) or None: its call
     # made from compiled code with no Python between (see Call); None where it cannot be.
     compiled: Callable[..., Any] | None = None
+    # resumable(red, ctx, count, timeout) -> step(work, source, wait) or None: its call,
+    # which a nonblocking start carries as far as it goes without waiting (see Call).
+    resumable: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
 
@@ -108,7 +111,7 @@ class Algorithm:
         """The record a half-type call runs: its half path, repeated as a plain call."""
         if self.half is None:
             raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
-        return replace(self, run=self.half, plan=None, compiled=None)
+        return replace(self, run=self.half, plan=None, compiled=None, resumable=None)
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -254,12 +257,18 @@ class Call(NamedTuple):
     and ``in_place(work, cells)`` and ``from_(work, source, cells)`` make it on the
     arrays as the user passed them, each returning 0, an MPI error code, or STALE
     (nothing sent: not the arrays ``cells`` were made for); an own algorithm's
-    raise its own errors."""
+    raise its own errors.
+
+    Where the record's call can stop at a wait and go on later, ``step(work, source,
+    wait)`` carries it out as far as it goes without waiting for another rank
+    (``wait`` False: a nonblocking start or test) or to its end (True), and says
+    whether it is done (None: not arrays of this call; nothing was done)."""
 
     again: Callable[[np.ndarray, np.ndarray], None]
     cells: np.ndarray | None = None
     in_place: Callable[..., int] | None = None
     from_: Callable[..., int] | None = None
+    step: Callable[[np.ndarray, np.ndarray, bool], bool | None] | None = None
 
 
 def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
@@ -276,10 +285,11 @@ def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: 
         def again(work: np.ndarray, source: np.ndarray) -> None:
             fn(work, red, ctx, None if source is work else source, timeout)
 
+    step = algo.resumable(red, ctx, count, timeout) if algo.resumable is not None else None
     if made is None:
-        return Call(again)
+        return Call(again, step=step)
     in_place, from_, cells = made
-    return Call(again, cells, in_place, from_)
+    return Call(again, cells, in_place, from_, step)
 
 
 def _compiled_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):

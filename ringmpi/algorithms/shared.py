@@ -64,6 +64,7 @@ from .._capi import (
     CELL_OWN,
     as_voidptr,
     handle,
+    load_acquire,
     mpi_win_sync,
     peek,
     store_release,
@@ -76,7 +77,7 @@ from .._shm import await_flags, node_window
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "compiled", "shared_memory_halves", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "compiled", "resumable", "shared_memory_halves", "warm"]
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
@@ -87,9 +88,13 @@ _PIECE = 5  # header cell: pieces this rank has done; its parity is the next pie
 # params cells (int64): the header (ringmpi._report), then these, then the report (the
 # step is the piece). _SCATTER: SCATTER_BYTES in lanes; the loop leaves in _WROTE and
 # _READ the lanes this rank stored to its slots and loaded from the others' slots (the
-# trace's counts)
-(_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _WIN, _SCATTER, _WROTE, _READ,
- _NPARAMS) = range(HEADER, HEADER + 11)  # fmt: skip
+# trace's counts). An all-reduce that returned before its end (_NOWAIT) leaves in
+# _STAGE where (_PUBLISHED: its piece is published; _SLICED: its slice is folded;
+# either way it waits for every rank's flag), in _DONE the lanes before that piece.
+(_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _WIN, _SCATTER, _WROTE, _READ, _STAGE, _DONE,
+ _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 14)  # fmt: skip
+_NEW, _PUBLISHED, _SLICED = 0, 1, 2
+_NOT_YET = -2  # _all_up: a flag is not there yet (no wait asked)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -147,79 +152,126 @@ def _disagrees(flags, b, size, fstride, n, tag, err, piece):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def _raise_flag(flags, me, win):
+    """Raise this rank's flag by one, after its stores to the window."""
+    mpi_win_sync(win)
+    store_release(flags, me, flags[me] + 1)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _all_up(flags, size, fstride, target, win, sleepy, timeout, nowait):
+    """Whether every rank's flag has reached ``target``: -1 once they have (waiting for
+    them, unless ``nowait``), _NOT_YET where ``nowait`` and one has not, or the local
+    rank the wait gave up on."""
+    if nowait:
+        for r in range(size):
+            if load_acquire(flags, r * fstride) < target:
+                return _NOT_YET
+        late = -1
+    else:
+        late = await_flags(flags, size, fstride, 0, target, sleepy, timeout)
+    mpi_win_sync(win)
+    return late
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _allreduce(work, source, data, flags, params, divisor):
     """All-reduce ``source`` into ``work`` through the window (``data`` and ``flags``
     are two views of it); see the module docstring. ``params`` holds the _RANK ...
-    cells, then the report."""
+    cells, then the report. With _NOWAIT set it returns where it would wait for
+    the other ranks, _STAGE saying where; called again on the same arrays, it goes
+    on from there."""
     code, tag, sleepy, timeout, half, avg_by, err = header(params)
     rank, size, fstride, dstride, hdr, cap, win = _shape_cells(params)
+    nowait = params[_NOWAIT] != 0
     starts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err[0] = 0
     n = work.size
     me = rank * fstride
-    seq = flags[me]  # this rank's flag: only this rank writes it
-    wrote = read = 0
-    done = 0
+    stage = params[_STAGE]
+    if stage == _NEW:
+        params[_DONE] = params[_WROTE] = params[_READ] = 0
+    done = params[_DONE]
     while True:  # one piece at least: a rank with count 0 still meets the others
         m = min(cap, n - done)
-        b = flags[me + _PIECE] & 1
-        flags[me + _PIECE] += 1
-        # Set b is free: its last piece is the one before the last, which every rank
-        # finished before raising its flag for the last piece (the wait this rank passed).
+        if stage == _NEW:
+            flags[me + _PIECE] += 1
+        # The piece's set b is free: its last piece is the one before the last, which
+        # every rank finished before raising its flag for the last piece (the wait
+        # this rank passed).
+        b = (flags[me + _PIECE] - 1) & 1
         at = hdr + b * cap  # the piece's place in each rank's segment
         mine = rank * dstride + at
         src, out = source[done : done + m], work[done : done + m]
         scatter = size > 1 and not half and m >= params[_SCATTER]
         lo, hi = rank * m // size, (rank + 1) * m // size  # this rank's slice
-        if scatter:  # the others' slices only: this rank folds its own from src
-            _copy(data, mine, src, 0, lo)
-            _copy(data, mine + hi, src, hi, m - hi)
-            wrote += m - (hi - lo)
-        else:
-            _copy(data, mine, src, 0, m)
-            wrote += m
-        seq += 1
-        if _announce(flags, me, b, n, tag, seq, size, fstride, win, sleepy, timeout, err,
-                     done // cap):  # fmt: skip
-            return
-        if _disagrees(flags, b, size, fstride, n, tag, err, done // cap):
-            return
-        read += (size - 1) * (hi - lo if scatter else m)
-        if half:
-            # Half types: all L slots widened, folded in float32, rounded once.
-            for r in range(size):
-                starts[r] = r * dstride + at
-            fold_half_parts(out, data, data, data.size, starts, 0, code, half, avg_by)
-        elif scatter:
-            # This rank's slice in rank order into its own slot (where it left
-            # the slice out) and work; once every rank has finished its slice,
-            # each copies the others' slices out of their slots.
-            slot = data[mine + lo : mine + hi]
-            fold_in_order_by_code(slot, src[lo:hi], data, dstride, at + lo, rank, size, code)
-            if divisor.size > 0:
-                divide_by(slot, divisor)
-            _copy(out, lo, data, mine + lo, hi - lo)
-            wrote += hi - lo
-            seq += 1
-            late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
+        piece = done // cap
+        if stage == _NEW:
+            if scatter:  # the others' slices only: this rank folds its own from src
+                _copy(data, mine, src, 0, lo)
+                _copy(data, mine + hi, src, hi, m - hi)
+                params[_WROTE] += m - (hi - lo)
+            else:
+                _copy(data, mine, src, 0, m)
+                params[_WROTE] += m
+            flags[me + 1 + 2 * b] = n  # what this rank announces for the piece
+            flags[me + 2 + 2 * b] = tag
+            _raise_flag(flags, me, win)
+            stage = _PUBLISHED
+        if stage == _PUBLISHED:
+            late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+            if late == _NOT_YET:
+                params[_STAGE], params[_DONE] = stage, done
+                return
+            params[_STAGE] = _NEW  # a call that fails is over
+            if late >= 0:
+                err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 0
+                return
+            if _disagrees(flags, b, size, fstride, n, tag, err, piece):
+                return
+            params[_READ] += (size - 1) * (hi - lo if scatter else m)
+            stage = _NEW
+            if half:
+                # Half types: all L slots widened, folded in float32, rounded once.
+                for r in range(size):
+                    starts[r] = r * dstride + at
+                fold_half_parts(out, data, data, data.size, starts, 0, code, half, avg_by)
+            elif scatter:
+                # This rank's slice in rank order into its own slot (where it left
+                # the slice out) and work; once every rank has finished its slice,
+                # each copies the others' slices out of their slots.
+                slot = data[mine + lo : mine + hi]
+                fold_in_order_by_code(slot, src[lo:hi], data, dstride, at + lo, rank, size, code)
+                if divisor.size > 0:
+                    divide_by(slot, divisor)
+                _copy(out, lo, data, mine + lo, hi - lo)
+                params[_WROTE] += hi - lo
+                _raise_flag(flags, me, win)
+                stage = _SLICED
+            elif size > 1:
+                # Every slot in rank order, this rank's own too (src may be work).
+                fold_in_order_by_code(out, src, data, dstride, at, -1, size, code)
+                if divisor.size > 0:
+                    divide_by(out, divisor)
+            else:
+                _copy(out, 0, data, mine, m)
+        if stage == _SLICED:
+            late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+            if late == _NOT_YET:
+                params[_STAGE], params[_DONE] = stage, done
+                return
+            params[_STAGE] = stage = _NEW
             if late >= 0:  # x = 1: the wait for the slices
-                err[0], err[1], err[2], err[3] = TIMED_OUT, done // cap, late, 1
+                err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 1
                 return
             for r in range(size):
                 if r != rank:
                     rlo, rhi = r * m // size, (r + 1) * m // size
                     _copy(out, rlo, data, r * dstride + at + rlo, rhi - rlo)
-                    read += rhi - rlo
-        elif size > 1:
-            # Every slot in rank order, this rank's own too (src may be work).
-            fold_in_order_by_code(out, src, data, dstride, at, -1, size, code)
-            if divisor.size > 0:
-                divide_by(out, divisor)
-        else:
-            _copy(out, 0, data, mine, m)
+                    params[_READ] += rhi - rlo
         done += m
         if done >= n:
-            params[_WROTE], params[_READ] = wrote, read
+            params[_STAGE] = _NEW
             return
 
 
@@ -428,7 +480,7 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
                             avg_by=red.avg_divisor(ctx.size))  # fmt: skip
         params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                                   _HEADER // isz, SET_BYTES // isz, node.handle,
-                                  SCATTER_BYTES // isz, 0, 0)  # fmt: skip
+                                  SCATTER_BYTES // isz, 0, 0, _NEW, 0, 0)  # fmt: skip
         split = lanes != red.dtype
         found = (node, params, red.divisor(ctx.size), node.flat.view(lanes), split)
         node.calls[key] = found
@@ -473,6 +525,35 @@ def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
 
         found = node.compiled[key] = (in_place, from_, cells, failed)  # failed: kept
     return found[:3]
+
+
+def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+    """``step(work, source, wait)``: the all-reduce of ``count`` elements started, or
+    carried on, as far as it goes without waiting for another rank (``wait`` False)
+    or to its end; whether it is done (None: not arrays of this call, nothing done).
+    The record's ``resumable``; None for the half types."""
+    if red.half:
+        return None
+    node, params, divisor, data, split = _shape(red, ctx, timeout)
+    flags, dtype, lanes, report = node.flags, red.dtype, red.lanes, params[_NPARAMS:]
+    entry = None  # the compiled loop's entry point for these arrays' types
+
+    def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+        nonlocal entry
+        if work.dtype != dtype or work.size != count or source.size != count:
+            return None
+        into, frm = (lanes(work), lanes(source)) if split else (work, source)
+        args = (into, frm, data, flags, params, divisor)
+        if entry is None:  # past Numba's dispatcher from now on: the types stay
+            entry = _allreduce.compile(tuple(numba.typeof(a) for a in args))
+        params[_NOWAIT] = not wait
+        entry(*args)
+        params[_NOWAIT] = 0
+        if report.item(0):
+            _raise(report, into.size, red, ctx, timeout)
+        return params.item(_STAGE) == _NEW
+
+    return step
 
 
 def _raise(report: np.ndarray, lanes: int, red: Reduction, ctx: Context,
@@ -535,6 +616,7 @@ SHARED_MEMORY = register(
     half=shared_memory_allreduce,
     state=_Node,
     compiled=compiled,
+    resumable=resumable,
     warm=warm,
 )
 

@@ -51,19 +51,22 @@ pending: list[Job] = []
 
 class Job:
     """One queued call: ``run()``, then ``then(job)`` if given, then its request
-    completed. A call that can stop at a wait has a ``step(wait)`` too: the queue
-    carries it on with ``step(False)`` as far as it goes without waiting for
-    another rank (at its start, in a test), and to its end with ``step(True)``."""
+    completed. A call that can stop at a wait has a ``step`` too, which finds (at
+    the first test) its ``step(wait)``: a test carries it on with ``step(False)``
+    as far as it goes without waiting for another rank, a wait to its end with
+    ``step(True)``. A start does no work: on a core that computes meanwhile, work
+    done at the start is moved, not hidden, and costs the start its speed."""
 
     __slots__ = ("complete", "done", "error", "event", "queue", "reported", "reported_here",
                  "run", "step", "stepped", "then", "traces")  # fmt: skip
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None,
-                 step: Callable[[bool], bool | None] | None = None):  # fmt: skip
+                 step: Callable[[], Any] | None = None):  # fmt: skip
         self.run: Callable[[], Any] | None = run
         self.then = then
-        # whether done; None: not the arrays of its call (run carries it out)
-        self.step = step
+        # step() -> step(wait) -> whether done, or None: no step for its arrays (run
+        # carries it out); once begun (stepped), step(wait) itself
+        self.step: Any = step
         self.stepped = False  # begun by step: step alone carries it on
         self.traces = _trace.open_here()  # a trace counts the calls started inside it
         self.error: BaseException | None = None
@@ -243,16 +246,19 @@ class Progress:
         if self.threaded or self._running is not None or not queue or queue[0] is not job:
             return False
         assert job.step is not None
-        try:
-            done = job.step(False)
-        except BaseException as exc:
-            job.error, done = exc, True
-        if done is None:  # not the arrays of its call: run carries it out
+        step = job.step if job.stepped else job.step()
+        done = None
+        if step is not None:
+            try:
+                done = step(False)
+            except BaseException as exc:
+                job.error, done = exc, True
+        if done is None:  # no step for its arrays: run carries it out
             job.step = None
             return False
-        job.stepped = True
+        job.step, job.stepped = step, True
         if done:
-            self._queue.popleft()
+            queue.popleft()
             self._pending -= 1
             job.ended(True)
         return True
@@ -386,8 +392,6 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
             _MPIX.start(job, req)
         req._job = job
     progress.submit(job)
-    if job.step is not None:
-        progress.advance(job)
     return req
 
 

@@ -73,17 +73,16 @@ class Prepared:
         # Whether auto's tuner has settled this call on the library's own collective
         # (a start then starts the library's persistent request), where it can tell.
         self.settled: Callable[[], bool] | None = None
-        # The call's step now (registry.Call.step on its arrays), where it can stop at a
-        # wait: a start carries it as far as it goes, Test and Wait on from there.
+        # Finds the call's step (registry.Call.step on its arrays) where it can stop at
+        # a wait: Test carries it as far as it goes, Wait on to its end.
         self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
 
     def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
         (``into``, where given) completes when it is done."""
         assert self.run is not None
-        step = self.step() if self.step is not None else None
         return _progress.start(context(self.comm, self.timeout),
-                               _progress.Job(self.run, step=step), into=into)  # fmt: skip
+                               _progress.Job(self.run, step=self.step), into=into)  # fmt: skip
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:

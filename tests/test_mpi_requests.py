@@ -178,7 +178,7 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
 
 def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings):
     """Under ``progress="wait"`` a started shared-memory all-reduce goes as far as it can
-    at its start and in each Test, neither of which waits for another rank: rank 0's
+    in each Test, which never waits for another rank (nor does the start): rank 0's
     first Test returns before the other ranks have started (they start only once told
     it returned), then Tests alone complete the call, exactly, start after start.
     (A Test that ran the call to its end would wait for ranks that never start, until

@@ -531,27 +531,21 @@ def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     """``step(work, source, wait)``: the all-reduce of ``count`` elements started, or
     carried on, as far as it goes without waiting for another rank (``wait`` False)
     or to its end; whether it is done (None: not arrays of this call, nothing done).
-    The record's ``resumable``; None for the half types."""
-    if red.half:
+    The record's ``resumable``: the repeat's compiled call (:func:`compiled`), told
+    whether to wait. None for the half types."""
+    made = compiled(red, ctx, count, timeout)
+    if made is None:
         return None
-    node, params, divisor, data, split = _shape(red, ctx, timeout)
-    flags, dtype, lanes, report = node.flags, red.dtype, red.lanes, params[_NPARAMS:]
-    entry = None  # the compiled loop's entry point for these arrays' types
+    in_place, from_, cells = made
+    params = _shape(red, ctx, timeout)[1]
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
-        nonlocal entry
-        if work.dtype != dtype or work.size != count or source.size != count:
-            return None
-        into, frm = (lanes(work), lanes(source)) if split else (work, source)
-        args = (into, frm, data, flags, params, divisor)
-        if entry is None:  # past Numba's dispatcher from now on: the types stay
-            entry = _allreduce.compile(tuple(numba.typeof(a) for a in args))
         params[_NOWAIT] = not wait
-        entry(*args)
-        params[_NOWAIT] = 0
-        if report.item(0):
-            _raise(report, into.size, red, ctx, timeout)
-        return params.item(_STAGE) == _NEW
+        try:
+            err = in_place(work, cells) if source is work else from_(work, source, cells)
+        finally:
+            params[_NOWAIT] = 0
+        return None if err else params.item(_STAGE) == _NEW  # err: STALE (others raise)
 
     return step
 

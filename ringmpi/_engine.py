@@ -93,16 +93,16 @@ from .plans import (
     Plan,
 )
 
-__all__ = ["SEGMENT_BYTES", "prepare", "run", "segment_bytes"]
+__all__ = ["SEGMENT_BYTES", "prepare", "resumable", "run", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
 SEGMENT_BYTES = 1 << 20
 _MAX_SEGMENT = 1 << 30  # MPI counts are C ints
 
-# What _wait returns for a request that did not complete in time (MPI error
-# codes are >= 0).
-_LATE = -1
+# What _wait returns for a request that did not complete in time, or (asked not to
+# wait) has not completed yet (MPI error codes are >= 0).
+_LATE, _NOT_YET = -1, -2
 # Polls of MPI_Test before a waiting rank yields its core between polls (as the
 # node's flag waits do: ringmpi._shm).
 _SPINS = 100
@@ -111,9 +111,13 @@ _jit = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
 @_jit
-def _wait(request, status, flag, sleepy, timeout):
+def _wait(request, status, flag, sleepy, timeout, nowait):
     """Complete ``request``: its MPI error code, or _LATE after ``timeout`` ns
-    without completing (0: no limit)."""
+    without completing (0: no limit), or, with ``nowait``, _NOT_YET where one
+    MPI_Test does not complete it."""
+    if nowait:
+        e = mpi_test(request, flag.ctypes.data, status)
+        return e if e != 0 or flag[0] != 0 else _NOT_YET
     if not sleepy and timeout == 0:
         return mpi_wait(request, status)
     start = monotonic_ns() if timeout > 0 else 0
@@ -161,13 +165,16 @@ def _arrived(status, tag_at, count, byte, nbytes, tag, err, row):
 
 
 @_jit
-def _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout, live, cells, seg, slen, isz,
-          err, row, dest):  # fmt: skip
+def _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout, nowait, live, cells, seg,
+          slen, isz, err, row, dest):  # fmt: skip
     """Complete a row's sends ``waited`` .. ``upto`` - 1 in order, counting what each sent
-    (a segment of the ``slen`` elements): (MPI's error code or _LATE, sends done)."""
+    (a segment of the ``slen`` elements): (MPI's error code, _LATE or _NOT_YET, sends
+    done)."""
     e = 0
     while waited < upto:
-        e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout)
+        e = _wait(req + (slots + waited) * rsize, st, cnt[1:], sleepy, timeout, nowait)
+        if e == _NOT_YET:
+            break
         if e == _LATE:
             err[0], err[1], err[2], err[3] = TIMED_OUT, row, dest, 1
             break
@@ -192,9 +199,14 @@ def _reduce(acc, inp, code, reverse, action, divisor):
 # arguments: Numba's dispatcher pays per argument, on every call): the one header
 # (ringmpi._report), then the engine's own cells. A plan whose rows fold the half
 # types (FOLD) adds its count (where the slots begin), where this rank's chunk
-# starts, and how many contribution starts follow the parameters.
+# starts, and how many contribution starts follow the parameters. A call asked not
+# to wait (_NOWAIT) leaves where it returned: its row, the row's stage, the receive it
+# waits for (or has just completed) and the sends it has waited for.
 (_COMM, _BYTE, _ANY_TAG, _SEG, _RSIZE, _TAG_AT, _LANES, _COPY, _COUNT, _CHUNK, _NSTARTS, _TIMED,
- _NPARAMS) = range(HEADER, HEADER + 13)  # fmt: skip
+ _AT_ROW, _AT_STAGE, _AT_K, _AT_WAITED, _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 18)  # fmt: skip
+# A row's stages: not begun; waiting for receive k; receive k in, its sends to wait
+# for before reducing; every receive in, the last sends to wait for.
+_NEW, _RECEIVING, _SENDS_FIRST, _SENDS_LAST = range(4)
 # A row's cells in the report: bytes and messages sent, then (a traced call only)
 # when it started and ended and the nanoseconds it spent reducing.
 _SENT, _MESSAGES, _STARTED, _ENDED, _REDUCING, _ROW = range(6)
@@ -229,6 +241,11 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     each arrived segment's elements of this rank's chunk into ``work`` from every
     contribution (the half types' one rounding, :func:`ringmpi._half.fold_parts`),
     while the next segment arrives.
+
+    With _NOWAIT set, a request that one MPI_Test does not complete ends the call
+    where it stands (_AT_ROW ...); the next call on the same arrays goes on from
+    there, so that a nonblocking call progresses in its tests. The blocking call is
+    the same loop, waiting.
     """
     code, tag, sleepy, timeout, kind, avg_by, err = header(state)
     params = state[:_NPARAMS]
@@ -237,6 +254,7 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     comm, byte, w, timed = params[_COMM], params[_BYTE], params[_LANES], params[_TIMED] != 0
     any_tag, seg, rsize, tag_at = params[_ANY_TAG], params[_SEG], params[_RSIZE], params[_TAG_AT]
     count, chunk = params[_COUNT], params[_CHUNK]
+    nowait = params[_NOWAIT] != 0
     nstat = status.size - 2
     cnt = status[nstat:]  # count, then flag
     isz = work.itemsize
@@ -246,14 +264,13 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
     req = requests.ctypes.data
     st = status.ctypes.data
     err[0] = OK
-    if params[_COPY] != 0 and source.ctypes.data != base:
+    row, stage, k, waited = params[_AT_ROW], params[_AT_STAGE], params[_AT_K], params[_AT_WAITED]
+    params[_AT_ROW] = params[_AT_STAGE] = 0  # unless it returns at a wait (below)
+    if row == 0 and stage == _NEW and params[_COPY] != 0 and source.ctypes.data != base:
         for i in range(work.size):
             work[i] = source[i]
-    for row in range(table.shape[0]):
+    while row < table.shape[0]:
         cells = report[row * _ROW : (row + 1) * _ROW]
-        cells[:] = 0
-        if timed:
-            cells[_STARTED] = monotonic_ns()
         dest, src, action = table[row, SEND_TO], table[row, RECV_FROM], table[row, ACTION]
         err[2] = src if src >= 0 else dest  # the rank a report names, unless it says
         soff, slen = table[row, SEND_OFF] * w, table[row, SEND_LEN] * w
@@ -268,77 +285,89 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         rbase = base
         if (action & TO_SLOTS) != 0:
             rbase, roff = scratch.ctypes.data, roff - count * w
-        if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0:
-            # One segment each way: one MPI_Sendrecv (cheaper than two requests).
-            at = scratch.ctypes.data if reduce else rbase + roff * isz
-            e = mpi_sendrecv(sbase + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
-                             byte, src, any_tag, comm, st)  # fmt: skip
-            if e != 0:
-                err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
-                return
-            cells[_SENT] = slen * isz
-            cells[_MESSAGES] = 1
-            if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
-                return
-            t = monotonic_ns() if timed else 0
-            if reduce:
-                if own:
-                    work[roff : roff + rlen] = source[roff : roff + rlen]
-                _reduce(work[roff : roff + rlen], scratch[:rlen], code, reverse, action, divisor)
-            elif fold:
-                fold_half_parts(work[chunk : chunk + rlen], source, scratch, count, starts, 0,
-                                code, kind, avg_by)  # fmt: skip
-            if timed:
-                cells[_ENDED] = monotonic_ns()
-                cells[_REDUCING] = cells[_ENDED] - t if reduce or fold else 0
-            continue
         # A reduce's segments land in the two scratch halves in turn; a store's in place.
         slots = min(2, nrecv) if reduce else nrecv
-        e = 0
-        for k in range(slots):
-            a = k * seg
-            n = min(seg, rlen - a)
-            at = scratch.ctypes.data + (k % 2) * seg * isz if reduce else rbase + (roff + a) * isz
-            e = mpi_irecv(at, n * isz, byte, src, any_tag, comm, req + k * rsize)
-            if e != 0:
-                break
-            live[k] = 1
-        for k in range(nsend if e == 0 else 0):
-            a = k * seg
-            n = min(seg, slen - a)
-            e = mpi_isend(sbase + (soff + a) * isz, n * isz, byte, dest, tag, comm,
-                          req + (slots + k) * rsize)  # fmt: skip
-            if e != 0:
-                break
-            live[slots + k] = 1
         # A reduce whose sent elements are the ones it reduces (recursive doubling)
         # must not change a segment before its send is done.
         same = reduce and soff == roff and slen == rlen and nsend > 0
         overlap = reduce and nsend > 0 and soff < roff + rlen and roff < soff + slen
-        waited = 0  # sends waited for, in order
-        for k in range(nrecv if e == 0 else 0):
+        e = 0
+        if stage == _NEW:
+            cells[:] = 0
+            if timed:
+                cells[_STARTED] = monotonic_ns()
+            if nsend == 1 and nrecv == 1 and not sleepy and timeout == 0 and not nowait:
+                # One segment each way: one MPI_Sendrecv (cheaper than two requests).
+                at = scratch.ctypes.data if reduce else rbase + roff * isz
+                e = mpi_sendrecv(sbase + soff * isz, slen * isz, byte, dest, tag, at, rlen * isz,
+                                 byte, src, any_tag, comm, st)  # fmt: skip
+                if e != 0:
+                    err[0], err[1], err[3], err[4] = MPI_ERROR, row, e, rlen * isz
+                    return
+                cells[_SENT] = slen * isz
+                cells[_MESSAGES] = 1
+                if not _arrived(status, tag_at, cnt, byte, rlen * isz, tag, err, row):
+                    return
+                t = monotonic_ns() if timed else 0
+                if reduce:
+                    if own:
+                        work[roff : roff + rlen] = source[roff : roff + rlen]
+                    _reduce(work[roff : roff + rlen], scratch[:rlen], code, reverse, action,
+                            divisor)  # fmt: skip
+                elif fold:
+                    fold_half_parts(work[chunk : chunk + rlen], source, scratch, count, starts, 0,
+                                    code, kind, avg_by)  # fmt: skip
+                if timed:
+                    cells[_ENDED] = monotonic_ns()
+                    cells[_REDUCING] = cells[_ENDED] - t if reduce or fold else 0
+                row += 1
+                continue
+            for j in range(slots):
+                a = j * seg
+                n = min(seg, rlen - a)
+                at = (scratch.ctypes.data + (j % 2) * seg * isz if reduce
+                      else rbase + (roff + a) * isz)  # fmt: skip
+                e = mpi_irecv(at, n * isz, byte, src, any_tag, comm, req + j * rsize)
+                if e != 0:
+                    break
+                live[j] = 1
+            for j in range(nsend if e == 0 else 0):
+                a = j * seg
+                n = min(seg, slen - a)
+                e = mpi_isend(sbase + (soff + a) * isz, n * isz, byte, dest, tag, comm,
+                              req + (slots + j) * rsize)  # fmt: skip
+                if e != 0:
+                    break
+                live[slots + j] = 1
+            stage, k, waited = _RECEIVING, 0, 0  # sends waited for, in order
+        while e == 0 and k < nrecv:
             slot = k % 2 if reduce else k
-            e = _wait(req + slot * rsize, st, cnt[1:], sleepy, timeout)
-            if e == _LATE:
-                err[0], err[1], err[2], err[3] = TIMED_OUT, row, src, 0
-                break
-            live[slot] = 0
-            if e != 0:
-                break
             a = k * seg
             n = min(seg, rlen - a)
-            if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
-                break
-            if fold:
-                t = monotonic_ns() if timed else 0
-                fold_half_parts(work[chunk + a : chunk + a + n], source, scratch, count, starts, a,
-                                code, kind, avg_by)  # fmt: skip
-                if timed:
-                    cells[_REDUCING] += monotonic_ns() - t
+            if stage == _RECEIVING:
+                e = _wait(req + slot * rsize, st, cnt[1:], sleepy, timeout, nowait)
+                if e == _NOT_YET:
+                    break
+                if e == _LATE:
+                    err[0], err[1], err[2], err[3] = TIMED_OUT, row, src, 0
+                    break
+                live[slot] = 0
+                if e != 0:
+                    break
+                if not _arrived(status, tag_at, cnt, byte, n * isz, tag, err, row):
+                    break
+                if fold:
+                    t = monotonic_ns() if timed else 0
+                    fold_half_parts(work[chunk + a : chunk + a + n], source, scratch, count,
+                                    starts, a, code, kind, avg_by)  # fmt: skip
+                    if timed:
+                        cells[_REDUCING] += monotonic_ns() - t
+                stage = _SENDS_FIRST
             if reduce:
                 upto = nsend if (overlap and not same) else (min(k + 1, nsend) if same else 0)
-                e, waited = _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout, live,
-                                  cells, seg, slen, isz, err, row, dest)  # fmt: skip
+                e, waited = _sent(upto, waited, req, slots, rsize, st, cnt, sleepy, timeout,
+                                  nowait, live, cells, seg, slen, isz, err, row,
+                                  dest)  # fmt: skip
                 if e != 0:
                     break
                 half = (k % 2) * seg
@@ -357,9 +386,16 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
                     if e != 0:
                         break
                     live[slot] = 1
+            k += 1
+            stage = _RECEIVING
         if e == 0 and err[0] == OK:
-            e, waited = _sent(nsend, waited, req, slots, rsize, st, cnt, sleepy, timeout, live,
-                              cells, seg, slen, isz, err, row, dest)  # fmt: skip
+            stage = _SENDS_LAST
+            e, waited = _sent(nsend, waited, req, slots, rsize, st, cnt, sleepy, timeout, nowait,
+                              live, cells, seg, slen, isz, err, row, dest)  # fmt: skip
+        if e == _NOT_YET:  # asked not to wait: the next call goes on from here
+            params[_AT_ROW], params[_AT_STAGE], params[_AT_K], params[_AT_WAITED] = (
+                row, stage, k, waited)  # fmt: skip
+            return
         if timed:
             cells[_ENDED] = monotonic_ns()
         if e != 0 and err[0] == OK:
@@ -367,6 +403,8 @@ def _execute(work, source, table, scratch, divisor, state, requests, status):
         if err[0] != OK:
             _abandon(requests, rsize, live, slots, status)
             return
+        row += 1
+        stage = _NEW
 
 
 def segment_bytes() -> int:
@@ -534,6 +572,50 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
             _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
 
     return again
+
+
+def resumable(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
+    """``step(work, source, wait)``: ``plan`` started, or carried on, as far as it goes
+    without waiting for another rank (``wait`` False) or to its end, on 1-D arrays
+    of the plan's count and dtype (``source is work``: in place); whether it is done
+    (None: not arrays of this call, nothing done). A nonblocking call's test and
+    wait (:mod:`ringmpi._progress`)."""
+    count, dtype = plan.count, red.dtype
+    if not len(plan.table):
+
+        def copy(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+            if work.dtype != dtype or work.size != count or source.size != count:
+                return None
+            _copy_in(work, source)
+            return True
+
+        return copy
+    engine = _engine_of(ctx)
+    shape = engine.shape(plan, red, ctx, timeout)
+    table, scratch, divisor, state, report = (
+        plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
+    )  # fmt: skip
+    lanes, split = red.lanes, shape.split
+    entry = None  # the compiled loop's entry point for these arrays' types
+
+    def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+        nonlocal entry
+        if state[_AT_STAGE] == _NEW and (
+            work.dtype != dtype or work.size != count or source.size != count
+        ):
+            return None
+        into, src = (lanes(work), lanes(source)) if split else (work, source)
+        args = (into, src, table, scratch, divisor, state, engine.requests, engine.status)
+        if entry is None:  # past Numba's dispatcher from now on: the types stay
+            entry = _execute.compile(tuple(numba.typeof(a) for a in args))
+        state[_NOWAIT] = not wait
+        entry(*args)
+        state[_NOWAIT] = 0
+        if report.item(-CELLS) != OK:
+            _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
+        return state.item(_AT_STAGE) == _NEW
+
+    return step
 
 
 def _copy_in(work: np.ndarray, source: np.ndarray) -> None:

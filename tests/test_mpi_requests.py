@@ -14,6 +14,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import _comm, _progress, _requests
+from ringmpi.algorithms import registry
 
 pytestmark = pytest.mark.mpi
 
@@ -176,9 +177,16 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
     agree(WORLD, problems)
 
 
-def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings):
-    """Under ``progress="wait"`` a started shared-memory all-reduce goes as far as it can
-    in each Test, which never waits for another rank (nor does the start): rank 0's
+# The all-reduces whose started calls stop at a wait and go on later: the step engine's
+# plans, and the records that say they can.
+RESUMABLE = [a.name for a in registry.records() if a.plan is not None or a.resumable is not None]
+
+
+@pytest.mark.parametrize("algorithm", RESUMABLE)
+def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm):
+    """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory)
+    goes as far as it can in each Test, which never waits for another rank (nor does
+    the start): rank 0's
     first Test returns before the other ranks have started (they start only once told
     it returned), then Tests alone complete the call, exactly, start after start.
     (A Test that ran the call to its end would wait for ranks that never start, until
@@ -188,9 +196,9 @@ def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings
     settings(progress="wait")
     dup = WORLD.Dup()
     x = np.zeros(BIG)
+
     def start():
-        return ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm="shared_memory",
-                                  timeout=20)  # fmt: skip
+        return ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm=algorithm, timeout=20)
 
     problems = []
     for k in range(3):  # the communicator set up, the call remembered: later ones resume

@@ -274,9 +274,12 @@ class Call(NamedTuple):
 def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
     """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx``, made ready."""
     made = algo.compiled(red, ctx, count, timeout) if algo.compiled is not None else None
+    step = algo.resumable(red, ctx, count, timeout) if algo.resumable is not None else None
     if algo.plan is not None:
         plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
         again = _engine.prepare(plan, red, ctx, algo.name, timeout)
+        if algo.collective == "allreduce":
+            step = _engine.resumable(plan, red, ctx, algo.name, timeout)
     elif made is not None:
         again = _compiled_again(algo, red, ctx, timeout, made)
     else:
@@ -285,7 +288,6 @@ def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: 
         def again(work: np.ndarray, source: np.ndarray) -> None:
             fn(work, red, ctx, None if source is work else source, timeout)
 
-    step = algo.resumable(red, ctx, count, timeout) if algo.resumable is not None else None
     if made is None:
         return Call(again, step=step)
     in_place, from_, cells = made

@@ -249,35 +249,31 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)
 
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
-    call.step = _step(key[4:], sendbuf, recvbuf, op, comm)
+    call.step = functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
     return call
 
 
-def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any):
-    """What finds the step of a started all-reduce: that of the blocking call the API
-    remembered for these very objects (once it repeated, with auto settled), where
-    its algorithm can stop at a wait; None otherwise."""
-    key = (id(recvbuf), id(sendbuf), id(op), id(comm), *args)
+def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
+          comm: Any) -> Callable[[bool], bool | None] | None:  # fmt: skip
+    """The step of a started all-reduce: that of the blocking call the API remembered
+    for these very objects (once it repeated, with auto settled), where its algorithm
+    can stop at a wait; None otherwise."""
+    entry = _repeat.entries.get((id(recvbuf), id(sendbuf), id(op), id(comm), *args))
     in_place = sendbuf is MPI.IN_PLACE
-
-    def step() -> Callable[[bool], bool | None] | None:
-        entry = _repeat.entries.get(key)
-        if (
-            entry is None
-            or entry.step is None
-            or _TRACES
-            or entry.settings is not _NOW[0]
-            or entry.recv() is not recvbuf
-            or not recvbuf.flags.carray
-            or (not in_place and (entry.send is None or entry.send() is not sendbuf
-                                  or not sendbuf.flags.c_contiguous))
-        ):  # fmt: skip
-            return None
-        work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-        source = work if in_place else (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        return functools.partial(entry.step, work, source)
-
-    return step
+    if (
+        entry is None
+        or entry.step is None
+        or _TRACES
+        or entry.settings is not _NOW[0]
+        or entry.recv() is not recvbuf
+        or not recvbuf.flags.carray
+        or (not in_place and (entry.send is None or entry.send() is not sendbuf
+                              or not sendbuf.flags.c_contiguous))
+    ):  # fmt: skip
+        return None
+    work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+    source = work if in_place else (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
+    return functools.partial(entry.step, work, source)
 
 
 def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any,

@@ -93,7 +93,7 @@ from .plans import (
     Plan,
 )
 
-__all__ = ["SEGMENT_BYTES", "prepare", "resumable", "run", "segment_bytes"]
+__all__ = ["SEGMENT_BYTES", "prepare", "run", "segment_bytes"]
 
 # Segment of every message, bytes (RINGMPI_SEGMENT_BYTES); docs/performance.md
 # has the measurement behind the default.
@@ -547,43 +547,17 @@ def run(
 
 
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
-    """A function ``again(work, source)`` that carries out ``plan`` once more, on
-    buffers of the same size and dtype, with the least Python (the API's path for
-    a call that repeats the last one, on the same arrays; no trace). An empty plan
-    (one rank) only copies the contribution in."""
-    if not len(plan.table):
-        return _copy_in
-    engine = _engine_of(ctx)
-    shape = engine.shape(plan, red, ctx, timeout)
-    table, scratch, divisor, state, report = (
-        plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
-    )  # fmt: skip
-    lanes, split = red.lanes, shape.split
-    entry = None  # the compiled loop's entry point for these arrays' types
-
-    def again(work: np.ndarray, source: np.ndarray) -> None:
-        nonlocal entry
-        into, src = (lanes(work), lanes(source)) if split else (work, source)
-        args = (into, src, table, scratch, divisor, state, engine.requests, engine.status)
-        if entry is None:  # past Numba's dispatcher from now on: the types stay
-            entry = _execute.compile(tuple(numba.typeof(a) for a in args))
-        entry(*args)
-        if report.item(-CELLS) != OK:
-            _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
-
-    return again
-
-
-def resumable(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
-    """``step(work, source, wait)``: ``plan`` started, or carried on, as far as it goes
-    without waiting for another rank (``wait`` False) or to its end, on 1-D arrays
-    of the plan's count and dtype (``source is work``: in place); whether it is done
-    (None: not arrays of this call, nothing done). A nonblocking call's test and
-    wait (:mod:`ringmpi._progress`)."""
+    """A function ``step(work, source, wait=True)`` that carries out ``plan`` once more
+    on 1-D arrays of the plan's count and dtype (``source is work``: in place), with
+    the least Python: to its end (the API's repeat of a call on the same arrays; no
+    trace), or, ``wait`` False, as far as it goes without waiting for another rank,
+    the next call going on from there (a nonblocking call's tests,
+    :mod:`ringmpi._progress`). Returns whether it is done (None: not arrays of this
+    call, nothing done). An empty plan (one rank) only copies the contribution in."""
     count, dtype = plan.count, red.dtype
     if not len(plan.table):
 
-        def copy(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+        def copy(work: np.ndarray, source: np.ndarray, wait: bool = True) -> bool | None:
             if work.dtype != dtype or work.size != count or source.size != count:
                 return None
             _copy_in(work, source)
@@ -598,7 +572,7 @@ def resumable(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 
     lanes, split = red.lanes, shape.split
     entry = None  # the compiled loop's entry point for these arrays' types
 
-    def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+    def step(work: np.ndarray, source: np.ndarray, wait: bool = True) -> bool | None:
         nonlocal entry
         if state[_AT_STAGE] == _NEW and (
             work.dtype != dtype or work.size != count or source.size != count
@@ -608,9 +582,12 @@ def resumable(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 
         args = (into, src, table, scratch, divisor, state, engine.requests, engine.status)
         if entry is None:  # past Numba's dispatcher from now on: the types stay
             entry = _execute.compile(tuple(numba.typeof(a) for a in args))
-        state[_NOWAIT] = not wait
-        entry(*args)
-        state[_NOWAIT] = 0
+        if wait:
+            entry(*args)
+        else:
+            state[_NOWAIT] = 1
+            entry(*args)
+            state[_NOWAIT] = 0
         if report.item(-CELLS) != OK:
             _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
         return state.item(_AT_STAGE) == _NEW

@@ -6,7 +6,9 @@ Who carries the queue out is the ``progress`` setting: a progress thread
 (``thread``), which runs the same compiled loops as a blocking call (they
 release the GIL) on the communicator's private duplicate while the program
 goes on; or the program's own thread (``wait``), in the first ``Wait`` or
-``Test`` on one of the queued calls' requests, in call order. ``auto`` takes
+``Test`` on one of the queued calls' requests, in call order (a ``Test`` on
+the first queued call carries it on only as far as it goes without waiting for
+another rank, where its algorithm can stop at a wait: :class:`Job`). ``auto`` takes
 the thread where the node has a spare core for it (at least twice as many
 cores as ranks) and MPI allows threads, else ``wait``: a progress thread
 with no core of its own only takes turns with the program, and each turn

@@ -277,9 +277,7 @@ def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: 
     step = algo.resumable(red, ctx, count, timeout) if algo.resumable is not None else None
     if algo.plan is not None:
         plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
-        again = _engine.prepare(plan, red, ctx, algo.name, timeout)
-        if algo.collective == "allreduce":
-            step = _engine.resumable(plan, red, ctx, algo.name, timeout)
+        again = step = _engine.prepare(plan, red, ctx, algo.name, timeout)
     elif made is not None:
         again = _compiled_again(algo, red, ctx, timeout, made)
     else:

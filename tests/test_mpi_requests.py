@@ -182,18 +182,21 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
 RESUMABLE = [a.name for a in registry.records() if a.plan is not None or a.resumable is not None]
 
 
+@pytest.mark.parametrize("segment", [None, 8 << 10], ids=["segments-default", "segments-8KiB"])
 @pytest.mark.parametrize("algorithm", RESUMABLE)
-def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm):
+def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm,
+                                                                        segment):  # fmt: skip
     """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory)
     goes as far as it can in each Test, which never waits for another rank (nor does
     the start): rank 0's
     first Test returns before the other ranks have started (they start only once told
     it returned), then Tests alone complete the call, exactly, start after start.
     (A Test that ran the call to its end would wait for ranks that never start, until
-    the timeout named them.)"""
+    the timeout named them.) With 8 KiB segments a step's message goes in many
+    pieces, and a call stops between them too."""
     if SIZE == 1:
         pytest.skip("needs a rank that starts late")
-    settings(progress="wait")
+    settings(progress="wait", segment_bytes=segment)
     dup = WORLD.Dup()
     x = np.zeros(BIG)
 

@@ -99,7 +99,9 @@ class Job:
         self.ended(queue is not None)
 
     def _to_end(self) -> None:
-        assert self.step is not None and self.step(True)
+        step = self.step
+        assert step is not None  # begun by step
+        step(True)
 
     def ended(self, pending_still: bool) -> None:
         """Done: out of ``pending`` (where it still is), its request completed."""

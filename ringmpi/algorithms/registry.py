@@ -101,7 +101,7 @@ class Algorithm:
     # made from compiled code with no Python between (see Call); None where it cannot be.
     compiled: Callable[..., Any] | None = None
     # resumable(red, ctx, count, timeout) -> step(work, source, wait) or None: its call,
-    # which a nonblocking start carries as far as it goes without waiting (see Call).
+    # which a nonblocking call's Test carries as far as it goes without waiting (see Call).
     resumable: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None

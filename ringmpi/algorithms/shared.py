@@ -107,51 +107,6 @@ def _copy(dst, at, src, frm, k):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout):
-    """Raise this rank's flag to ``seq`` after its stores, wait until every rank's flag
-    has reached it; -1, or the local rank it gave up waiting for."""
-    mpi_win_sync(win)
-    store_release(flags, me, seq)
-    late = await_flags(flags, size, fstride, 0, seq, sleepy, timeout)
-    mpi_win_sync(win)
-    return late
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _shape_cells(params):
-    """The call's layout cells: rank, size, the flags' and data's strides, the header's
-    and a set's lanes, and the window's handle."""
-    return (params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE], params[_HDR],
-            params[_CAP], params[_WIN])  # fmt: skip
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _announce(flags, me, b, n, tag, seq, size, fstride, win, sleepy, timeout, err, piece):
-    """Announce this rank's count ``n`` and ``tag`` for set ``b`` in its header, raise
-    its flag to ``seq`` and wait for every rank's; whether it gave up (the report
-    then names the late rank)."""
-    flags[me + 1 + 2 * b] = n
-    flags[me + 2 + 2 * b] = tag
-    late = _raise_and_wait(flags, me, seq, size, fstride, win, sleepy, timeout)
-    if late >= 0:
-        err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 0
-        return True
-    return False
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _disagrees(flags, b, size, fstride, n, tag, err, piece):
-    """Whether a rank's header for set ``b`` announces another count or tag than ``n``
-    and ``tag``: then the report names the first such rank and what it announced."""
-    for r in range(size):
-        their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
-        if their_n != n or their_tag != tag:
-            err[0], err[1], err[2], err[3], err[4] = DISAGREE, piece, r, their_n, their_tag
-            return True
-    return False
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
 def _raise_flag(flags, me, win):
     """Raise this rank's flag by one, after its stores to the window."""
     mpi_win_sync(win)
@@ -172,6 +127,47 @@ def _all_up(flags, size, fstride, target, win, sleepy, timeout, nowait):
         late = await_flags(flags, size, fstride, 0, target, sleepy, timeout)
     mpi_win_sync(win)
     return late
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _shape_cells(params):
+    """The call's layout cells: rank, size, the flags' and data's strides, the header's
+    and a set's lanes, and the window's handle."""
+    return (params[_RANK], params[_SIZE], params[_FSTRIDE], params[_DSTRIDE], params[_HDR],
+            params[_CAP], params[_WIN])  # fmt: skip
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _publish(flags, me, b, n, tag, win):
+    """Announce this rank's count ``n`` and ``tag`` for set ``b`` in its header and
+    raise its flag (after its stores of the piece)."""
+    flags[me + 1 + 2 * b] = n
+    flags[me + 2 + 2 * b] = tag
+    _raise_flag(flags, me, win)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _announce(flags, me, b, n, tag, size, fstride, win, sleepy, timeout, err, piece):
+    """:func:`_publish`, then wait for every rank's flag; whether it gave up (the report
+    then names the late rank)."""
+    _publish(flags, me, b, n, tag, win)
+    late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 0
+        return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _disagrees(flags, b, size, fstride, n, tag, err, piece):
+    """Whether a rank's header for set ``b`` announces another count or tag than ``n``
+    and ``tag``: then the report names the first such rank and what it announced."""
+    for r in range(size):
+        their_n, their_tag = flags[r * fstride + 1 + 2 * b], flags[r * fstride + 2 + 2 * b]
+        if their_n != n or their_tag != tag:
+            err[0], err[1], err[2], err[3], err[4] = DISAGREE, piece, r, their_n, their_tag
+            return True
+    return False
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -214,9 +210,7 @@ def _allreduce(work, source, data, flags, params, divisor):
             else:
                 _copy(data, mine, src, 0, m)
                 params[_WROTE] += m
-            flags[me + 1 + 2 * b] = n  # what this rank announces for the piece
-            flags[me + 2 + 2 * b] = tag
-            _raise_flag(flags, me, win)
+            _publish(flags, me, b, n, tag, win)
             stage = _PUBLISHED
         if stage == _PUBLISHED:
             late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
@@ -299,7 +293,6 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
         longest = max(longest, counts[r])
     pieces = max(1, (longest + q - 1) // q)
     me = rank * fstride
-    seq = flags[me]
     wrote = read = 0
     for k in range(pieces):
         b = flags[me + _PIECE] & 1
@@ -316,8 +309,7 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
                 if r != rank or half:
                     _copy(data, mine + r * q, source, starts[r] + k * q, m)
                     wrote += m
-        seq += 1
-        if _announce(flags, me, b, total, tag, seq, size, fstride, win, sleepy, timeout, err, k):
+        if _announce(flags, me, b, total, tag, size, fstride, win, sleepy, timeout, err, k):
             return
         if _disagrees(flags, b, size, fstride, total, tag, err, k):
             return

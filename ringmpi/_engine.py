@@ -549,16 +549,17 @@ def run(
 def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
     """A function ``step(work, source, wait=True)`` that carries out ``plan`` once more
     on 1-D arrays of the plan's count and dtype (``source is work``: in place), with
-    the least Python: to its end (the API's repeat of a call on the same arrays; no
-    trace), or, ``wait`` False, as far as it goes without waiting for another rank,
-    the next call going on from there (a nonblocking call's tests,
-    :mod:`ringmpi._progress`). Returns whether it is done (None: not arrays of this
-    call, nothing done). An empty plan (one rank) only copies the contribution in."""
+    the least Python: to its end (the API's repeat of a call on the same arrays,
+    checked by the caller; no trace), or, ``wait`` False, as far as it goes without
+    waiting for another rank, the next call going on from there (a nonblocking
+    call's tests, :mod:`ringmpi._progress`). Returns whether it is done (None, from
+    a test's first step: not arrays of this call, nothing done). An empty plan (one
+    rank) only copies the contribution in."""
     count, dtype = plan.count, red.dtype
     if not len(plan.table):
 
         def copy(work: np.ndarray, source: np.ndarray, wait: bool = True) -> bool | None:
-            if work.dtype != dtype or work.size != count or source.size != count:
+            if not wait and (work.dtype != dtype or work.size != count or source.size != count):
                 return None
             _copy_in(work, source)
             return True
@@ -574,8 +575,11 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool = True) -> bool | None:
         nonlocal entry
-        if state[_AT_STAGE] == _NEW and (
-            work.dtype != dtype or work.size != count or source.size != count
+        # A repeat's arrays were checked by its caller; a test's first step checks them.
+        if (
+            not wait
+            and state[_AT_STAGE] == _NEW
+            and (work.dtype != dtype or work.size != count or source.size != count)
         ):
             return None
         into, src = (lanes(work), lanes(source)) if split else (work, source)

@@ -179,6 +179,21 @@ def mpi_status_set_elements(typingctx, status, datatype, count):
 
 
 @intrinsic
+def mpix_grequest_start(typingctx, query, free, cancel, poll, wait, state, request):
+    """MPIX_Grequest_start(query, free, cancel, poll, wait, state, request): MPICH's
+    (and Intel MPI's) only; compiled only where the library has it."""
+    sig = types.int32(query, free, cancel, poll, wait, state, request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPIX_Grequest_start", "ppppppp")
+
+
+@intrinsic
+def mpi_grequest_complete(typingctx, request):
+    """MPI_Grequest_complete(request): the handle itself, not its address."""
+    sig = types.int32(request)
+    return sig, lambda c, b, s, a: _emit(c, b, s, a, "MPI_Grequest_complete", "p")
+
+
+@intrinsic
 def mpi_win_sync(typingctx, win):
     """MPI_Win_sync(win)."""
     sig = types.int32(win)

@@ -39,7 +39,16 @@ from mpi4py import MPI
 from numba import types
 
 from . import _settings, _trace
-from ._capi import _library_path, mpi_status_set_cancelled, mpi_status_set_elements, peek, poke
+from ._capi import (
+    _library_path,
+    mpi_grequest_complete,
+    mpi_status_set_cancelled,
+    mpi_status_set_elements,
+    mpix_grequest_start,
+    peek,
+    peek32,
+    poke,
+)
 
 __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
            "set_handle", "start", "threaded", "threads_allowed"]  # fmt: skip
@@ -59,8 +68,8 @@ class Job:
     ``step(True)``. A start does no work: on a core that computes meanwhile, work
     done at the start is moved, not hidden, and costs the start its speed."""
 
-    __slots__ = ("complete", "done", "error", "event", "queue", "reported", "reported_here",
-                 "run", "step", "stepped", "then", "traces")  # fmt: skip
+    __slots__ = ("cells", "complete", "done", "error", "queue", "reported", "run", "step",
+                 "stepped", "then", "traces")  # fmt: skip
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None,
                  step: Callable[[], Any] | None = None):  # fmt: skip
@@ -73,10 +82,9 @@ class Job:
         self.traces = _trace.open_here()  # a trace counts the calls started inside it
         self.error: BaseException | None = None
         self.done = False
-        self.event: threading.Event | None = None  # set when done, where a thread runs it
         self.complete: Callable[[], Any] | None = None  # completes its request
+        self.cells = 0  # else the address of its request's cells (_Mpix) that complete it
         self.reported = False  # the error was raised by Request.Wait/Test
-        self.reported_here: Callable[[], None] | None = None  # tells the request's cells so
         self.queue: Progress | None = None  # where it is queued
 
     def execute(self) -> None:
@@ -109,18 +117,18 @@ class Job:
         if pending_still:
             pending.remove(self)
         self.done = True
-        if self.event is not None:
-            self.event.set()
         if self.then is not None:
             self.then(self)
         if self.complete is not None:
             self.complete()
+        elif self.cells:
+            _grequest_end(self.cells, self.error is not None and not self.reported)
 
     def report_here(self) -> None:
         """Its error (if any) is raised by ringmpi's Wait or Test, not MPI's."""
         self.reported = True
-        if self.reported_here is not None:
-            self.reported_here()
+        if self.cells and self.error is not None:
+            _grequest_reported(self.cells)
 
     def query(self, status: MPI.Status) -> None:
         """The Grequest's query: an error not raised by :class:`Request` raises here,
@@ -177,12 +185,13 @@ def finish(job: Job) -> None:
     """Return once ``job`` is done: carried out here, after the calls queued before
     it, where no thread carries its queue; else waited for, sleeping (the cores go
     to the progress thread)."""
-    if job.done:
+    queue = job.queue
+    if job.done or queue is None:
         return
-    if job.event is not None:
-        job.event.wait()
-    elif job.queue is not None:
-        job.queue.until(job)
+    if queue.threaded:
+        queue.wait(job)
+    else:
+        queue.until(job)
 
 
 def progressed(job: Job) -> bool:
@@ -190,7 +199,7 @@ def progressed(job: Job) -> bool:
     make progress, or a loop of tests would never end): as far as it goes without
     waiting where it can stop at a wait and is the first queued, else to its end."""
     queue = job.queue
-    if (not job.done and job.event is None and queue is not None
+    if (not job.done and queue is not None and not queue.threaded
             and (job.step is None or not queue.advance(job))):  # fmt: skip
         queue.until(job)
     return job.done
@@ -219,7 +228,6 @@ class Progress:
             self._queue.append(job)
             self._pending += 1
             return
-        job.event = threading.Event()
         with self._cv:
             self._queue.append(job)
             self._pending += 1
@@ -266,6 +274,11 @@ class Progress:
             self._pending -= 1
             job.ended(True)
         return True
+
+    def wait(self, job: Job) -> None:
+        """Return once the thread has carried out ``job`` (sleeping meanwhile)."""
+        with self._cv:
+            self._cv.wait_for(lambda: job.done)
 
     def until(self, job: Job) -> None:
         """Carry out the queued calls up to ``job`` on this thread (no progress thread)."""
@@ -388,7 +401,7 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
     req = None
     if request:
         req = Request() if into is None else into
-        if progress.threaded or not _MPIX.usable():
+        if not _MPIX.usable():
             greq = MPI.Grequest.Start(job.query)
             job.complete = greq.Complete
             set_handle(req, greq.handle)
@@ -425,8 +438,9 @@ def set_handle(request: MPI.Request, handle: int) -> None:
 
 
 # A generalized request's cells (int64), whose address is its extra_state: what the
-# compiled query and free functions read and write, with no Python between.
-(_FLAGS, _BYTE, _ERR_OTHER, _SLOT) = (0, 1, 2, 4)  # _SLOT: cells a request
+# compiled query and free functions read and write, with no Python between; the
+# request's handle, which completes it.
+(_FLAGS, _BYTE, _ERR_OTHER, _HANDLE_CELL, _SLOT) = range(5)  # _SLOT: cells a request
 _FAILED, _FREED = 1, 2  # _FLAGS' bits: an error for MPI to raise; MPI freed the request
 _CHUNK = 1024  # requests' cells made at a time
 
@@ -445,13 +459,41 @@ def _greq_free(state):
     return 0
 
 
+@numba.njit(cache=True)
+def _grequest_begin(fns, state, at_handle, wide):
+    """MPIX_Grequest_start with the five functions at ``fns`` (query, free, cancel, poll,
+    wait), the cells at ``state``, the handle written at ``at_handle`` and into the
+    cells; MPI's error code."""
+    err = mpix_grequest_start(peek(fns), peek(fns + 8), peek(fns + 16), peek(fns + 24),
+                              peek(fns + 32), state, at_handle)  # fmt: skip
+    if err == 0:
+        poke(state + 8 * _HANDLE_CELL, peek(at_handle) if wide else peek32(at_handle))
+    return err
+
+
+@numba.njit(cache=True)
+def _grequest_end(state, failed):
+    """Complete the request of the cells at ``state`` (``failed``: with an error for
+    MPI's completion call to raise); MPI's error code."""
+    if failed:
+        poke(state, peek(state) | _FAILED)
+    return mpi_grequest_complete(peek(state + 8 * _HANDLE_CELL))
+
+
+@numba.njit(cache=True)
+def _grequest_reported(state):
+    """The call's error was raised by ringmpi's own Wait or Test: not MPI's to raise."""
+    poke(state, peek(state) & ~_FAILED)
+
+
 class _Mpix:
     """Generalized requests that MPI's own completion calls carry out: MPICH's (and
     Intel MPI's) ``MPIX_Grequest_start``, whose poll and wait functions MPI_Test,
-    MPI_Wait and MPI_Waitall call. Where no thread carries out the queue, these
-    functions do (the queue up to the request's call), so that ``MPI.Request.Waitall``
-    over ringmpi's requests and MPI's own completes them all. The query and free
-    functions, which every completion calls, are compiled (no Python between)."""
+    MPI_Wait and MPI_Waitall call. These functions carry out the queue up to the
+    request's call, or wait for the thread that carries it out, so that
+    ``MPI.Request.Waitall`` over ringmpi's requests and MPI's own completes them
+    all. The start and completion, and the query and free functions that every
+    completion calls, are compiled (no Python between)."""
 
     def __init__(self) -> None:
         self._lib: Any = None
@@ -464,28 +506,25 @@ class _Mpix:
             lib = ctypes.CDLL(_library_path())
             self._lib = lib if hasattr(lib, "MPIX_Grequest_start") else False
             if self._lib:
-                self._make(lib)
+                self._make()
         return bool(self._lib)
 
-    def _make(self, lib: Any) -> None:
+    def _make(self) -> None:
         state, status = ctypes.c_void_p, ctypes.c_void_p
         fn = ctypes.CFUNCTYPE
-        self._types = (
-            fn(ctypes.c_int, state, ctypes.c_int),  # cancel
-            fn(ctypes.c_int, state, status),  # poll
-            fn(ctypes.c_int, ctypes.c_int, ctypes.POINTER(state), ctypes.c_double, status),  # wait
-        )
-        cancel, poll, wait = self._types
+        cancel = fn(ctypes.c_int, state, ctypes.c_int)
+        poll = fn(ctypes.c_int, state, status)
+        wait = fn(ctypes.c_int, ctypes.c_int, ctypes.POINTER(state), ctypes.c_double, status)
         self._fns = (cancel(lambda s, c: 0), poll(self._poll), wait(self._wait))
         query = numba.cfunc(types.int32(types.int64, types.int64), cache=True)(_greq_query)
         free = numba.cfunc(types.int32(types.int64), cache=True)(_greq_free)
         self._compiled = (query, free)  # kept: MPI calls their addresses
-        ptr = ctypes.c_void_p
-        lib.MPIX_Grequest_start.argtypes = [ptr, ptr, *self._types, state, ctypes.c_void_p]
-        lib.MPI_Grequest_complete.argtypes = [ctypes.c_uint32]
-        self._query, self._free_fn = ptr(query.address), ptr(free.address)
+        addresses = [query.address, free.address]
+        addresses += [ctypes.cast(f, ctypes.c_void_p).value or 0 for f in self._fns]
+        self._fns_cells = np.array(addresses, np.int64)  # _grequest_begin's
+        self._fns_at = int(self._fns_cells.ctypes.data)
+        self._wide = ctypes.sizeof(_HANDLE) == 8
         self._byte, self._err_other = MPI._handleof(MPI.BYTE), MPI.ERR_OTHER
-        self._start, self._complete = lib.MPIX_Grequest_start, lib.MPI_Grequest_complete
 
     def _cells(self) -> tuple[np.ndarray, int, int]:
         """Free cells for a request: their chunk, index and address (reclaiming what MPI
@@ -510,29 +549,16 @@ class _Mpix:
         """Start a generalized request for ``job`` into ``request`` (its handle)."""
         chunk, at, address = self._cells()
         self._jobs[address] = job
-        at_handle = id(request) + _HANDLE_OFFSET
-        e = self._start(self._query, self._free_fn, *self._fns, address, at_handle)
+        e = _grequest_begin(self._fns_at, address, id(request) + _HANDLE_OFFSET, self._wide)
         if e:
             chunk[at + _FLAGS] = _FREED
             raise MPI.Exception(e)
-        handle = _HANDLE.from_address(at_handle).value
-        complete = self._complete
-
-        def completed() -> None:
-            if job.error is not None and not job.reported:
-                chunk[at + _FLAGS] |= _FAILED
-            complete(handle)
-
-        def reported() -> None:
-            if job.error is not None:
-                chunk[at + _FLAGS] &= ~_FAILED
-
-        job.complete, job.reported_here = completed, reported
+        job.cells = address
 
     def _carry_out(self, address: int | None) -> int:
         job = self._jobs.get(address or 0)
-        if job is not None and not job.done and job.queue is not None:
-            job.queue.until(job)
+        if job is not None:
+            finish(job)
         return 0
 
     def _poll(self, address: int | None, status: int) -> int:

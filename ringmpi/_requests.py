@@ -61,7 +61,7 @@ class Prepared:
     with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
     the library's own request for it (its ``*_init`` or its nonblocking call)."""
 
-    __slots__ = ("comm", "library", "name", "run", "settled", "step", "timeout")
+    __slots__ = ("comm", "ctx", "library", "name", "run", "settled", "step", "timeout")
 
     def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
                  library: Callable[[bool], Any]) -> None:  # fmt: skip
@@ -76,13 +76,16 @@ class Prepared:
         # Finds the call's step (registry.Call.step on its arrays) where it can stop at
         # a wait: Test carries it as far as it goes, Wait on to its end.
         self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
+        self.ctx: Any = None  # the communicator's Context, once started
 
     def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
         (``into``, where given) completes when it is done."""
         assert self.run is not None
-        return _progress.start(context(self.comm, self.timeout),
-                               _progress.Job(self.run, step=self.step), into=into)  # fmt: skip
+        ctx = self.ctx
+        if ctx is None:
+            ctx = self.ctx = context(self.comm, self.timeout)
+        return _progress.start(ctx, _progress.Job(self.run, step=self.step), into=into)
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:
@@ -208,6 +211,7 @@ class _Made(NamedTuple):
     timeout: float
     own: bool  # ringmpi's run, not the library's request
     keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
+    ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
 
 
 # By the ids of (recvbuf, sendbuf, op, comm) and the other arguments, as the blocking
@@ -216,9 +220,11 @@ class _Made(NamedTuple):
 _made: Bounded[tuple, _Made] = derived(Bounded(_repeat.KEPT))
 
 
-def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
-               validate: bool | None, timeout: float | None,
-               reproducible: bool | None) -> Prepared:  # fmt: skip
+def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
+                    validate: bool | None, timeout: float | None,
+                    reproducible: bool | None) -> tuple[tuple, _Made]:  # fmt: skip
+    """A nonblocking or persistent all-reduce's key and what was checked and decided
+    for it (remembered for these very objects)."""
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     made = _made.get(key)
     if (
@@ -230,6 +236,14 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
     ):  # fmt: skip
         made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                   reproducible)  # fmt: skip
+    return key, made
+
+
+def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
+               validate: bool | None, timeout: float | None,
+               reproducible: bool | None) -> Prepared:  # fmt: skip
+    key, made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                reproducible)  # fmt: skip
     if sendbuf is None:
         sendbuf = MPI.IN_PLACE
     if op is None:
@@ -250,6 +264,7 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
 
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
     call.step = functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
+    call.ctx = made.ctx
     return call
 
 
@@ -259,20 +274,21 @@ def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
     for these very objects (once it repeated, with auto settled), where its algorithm
     can stop at a wait; None otherwise."""
     entry = _repeat.entries.get((id(recvbuf), id(sendbuf), id(op), id(comm), *args))
-    in_place = sendbuf is MPI.IN_PLACE
+    recv, send = recvbuf, sendbuf  # (the arrays, as the checks below leave them typed)
+    in_place = send is MPI.IN_PLACE
     if (
         entry is None
         or entry.step is None
         or _TRACES
         or entry.settings is not _NOW[0]
         or entry.recv() is not recvbuf
-        or not recvbuf.flags.carray
+        or not recv.flags.carray
         or (not in_place and (entry.send is None or entry.send() is not sendbuf
-                              or not sendbuf.flags.c_contiguous))
+                              or not send.flags.c_contiguous))
     ):  # fmt: skip
         return None
-    work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-    source = work if in_place else (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
+    work = recv if recv.ndim == 1 else recv.reshape(-1)
+    source = work if in_place else (send if send.ndim == 1 else send.reshape(-1))
     return functools.partial(entry.step, work, source)
 
 
@@ -287,13 +303,14 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    if call.library:
-        own = False
-    else:
+    own, ctx = False, None
+    if not call.library:
         assert call.recv is not None and isinstance(call.comm, MPI.Intracomm)
         nbytes = call.nitems * call.recv.itemsize
         own = _own(call.comm, nbytes, op, algorithm, call.timeout)
-    made = _Made(_no_ref, None, _settings.current(), -1, call.comm, call.timeout, own, keywords)
+        ctx = context(call.comm, call.timeout) if own else None
+    made = _Made(_no_ref, None, _settings.current(), -1, call.comm, call.timeout, own, keywords,
+                 ctx)  # fmt: skip
     if isinstance(recvbuf, np.ndarray) and (
         sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
     ):
@@ -322,8 +339,20 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     itself and, where neither a thread nor the completion calls can carry the
     call out, every call.
     """
-    return started(_allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                              reproducible))  # fmt: skip
+    key, made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                                reproducible)  # fmt: skip
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    if op is None:
+        op = MPI.SUM
+    if not made.own:
+        if _TRACES:
+            _trace.record_call("mpi")
+        return MPI.Comm.Iallreduce(made.comm, sendbuf, recvbuf, op)
+    # The blocking call as given (its repeat runs from C), and its step where it has one.
+    run = functools.partial(_api.Allreduce, sendbuf, recvbuf, op, comm, **made.keywords)
+    step = functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
+    return _progress.start(made.ctx, _progress.Job(run, step=step))
 
 
 def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,

@@ -23,7 +23,7 @@ goes to the library under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,11 +47,16 @@ RING_FROM_BYTES = 64 << 10
 class Ready(NamedTuple):
     """A half checked once: ``run()`` carries it out on the buffers' contents at the
     time, as often as it is called; ``nbytes`` is what auto's choice goes by (the
-    reduce-scatter's input, the all-gather's whole buffer); ``timeout`` the call's."""
+    reduce-scatter's input, the all-gather's whole buffer); ``timeout`` the call's.
+    ``step()`` finds, for a started call, ``step(wait)`` where the algorithm that
+    ``run`` would carry out can stop at a wait (else None): a nonblocking call's
+    Test carries it on with ``step(False)`` as far as it goes without waiting for
+    another rank, and it is done once ``step`` says so."""
 
     run: Callable[[], None]
     nbytes: int
     timeout: float
+    step: Callable[[], Callable[[bool], bool | None] | None]
 
 
 # The registry's collective of each call.
@@ -168,7 +173,21 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         if not straight:
             recv.flat[: counts[r]] = out
 
-    return Ready(run, given.nbytes, waits)
+    def step() -> Callable[[bool], bool | None] | None:
+        found = _resumable(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
+        if found is None:
+            return None
+        src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
+
+        def go(wait: bool) -> bool | None:
+            done = found(out, src, wait)
+            if done and not straight:
+                recv.flat[: counts[r]] = out
+            return done
+
+        return go
+
+    return Ready(run, given.nbytes, waits, step)
 
 
 def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
@@ -199,17 +218,37 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
     work = recv.reshape(-1).view(np.uint8) if straight else np.empty(n * block, np.uint8)
     key = _settle_key(comm, "Allgather", recv.nbytes, MPI.SUM, None) if record is None else ()
 
-    def run() -> None:
+    def take_in() -> None:
         if not straight:
             work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
         if send is not None:
             mine = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
             work[r * block : (r + 1) * block] = mine
-        _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
+
+    def give_out() -> None:
         if not straight:
             recv[...] = work.view(recv.dtype).reshape(recv.shape)
 
-    return Ready(run, recv.nbytes, waits)
+    def run() -> None:
+        take_in()
+        _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
+        give_out()
+
+    def step() -> Callable[[bool], bool | None] | None:
+        found = _resumable(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
+        if found is None:
+            return None
+        take_in()
+
+        def go(wait: bool) -> bool | None:
+            done = found(work, work, wait)
+            if done:
+                give_out()
+            return done
+
+        return go
+
+    return Ready(run, recv.nbytes, waits, step)
 
 
 def _named(name: str, algorithm: str) -> registry.Algorithm | None:
@@ -227,6 +266,19 @@ def _run(record, collective: str, nbytes: int, key: tuple, comm: Any, args: tupl
     if _trace._active:
         _trace.record_call(chosen.name)
     chosen.run(*args)
+
+
+def _resumable(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout: float,
+               counts: Sequence[int]) -> Callable[..., bool | None] | None:  # fmt: skip
+    """The step, on the arrays :func:`_run` passes, of the record a call runs (the named
+    one, or auto's settled choice: none during its trials), where it can stop at a
+    wait; None where it cannot, or where a trace is open (the run records it)."""
+    chosen = record
+    if chosen is None:
+        chosen = algorithms.choose("auto", nbytes, ctx, red, collective=collective)
+    if isinstance(chosen, algorithms.Trial) or chosen.resumable is None or _trace._active:
+        return None
+    return chosen.resumable(red, ctx, counts, timeout)
 
 
 # --- internals -----------------------------------------------------------------------

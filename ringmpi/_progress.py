@@ -258,7 +258,8 @@ class Progress:
         if self.threaded or self._running is not None or not queue or queue[0] is not job:
             return False
         assert job.step is not None
-        step = job.step if job.stepped else job.step()
+        # (a call started inside a trace runs whole, where the trace counts it)
+        step = job.step if job.stepped else None if job.traces else job.step()
         done = None
         if step is not None:
             try:

@@ -222,9 +222,12 @@ _made: Bounded[tuple, _Made] = derived(Bounded(_repeat.KEPT))
 
 def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                     validate: bool | None, timeout: float | None,
-                    reproducible: bool | None) -> tuple[tuple, _Made]:  # fmt: skip
-    """A nonblocking or persistent all-reduce's key and what was checked and decided
-    for it (remembered for these very objects)."""
+                    reproducible: bool | None) -> tuple[_Made, Any, Any, Any, Any]:  # fmt: skip
+    """What was checked and decided for a nonblocking or persistent all-reduce
+    (remembered for these very objects), then sendbuf and op as MPI takes them, and
+    ringmpi's call: ``run()`` (the blocking call as given: where it repeats, the
+    arrays' checks and auto's choice are remembered, and it runs from C) and its
+    step finder (:func:`_step`); None, None where the call is the library's."""
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     made = _made.get(key)
     if (
@@ -236,35 +239,28 @@ def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: s
     ):  # fmt: skip
         made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                   reproducible)  # fmt: skip
-    return key, made
+    if sendbuf is None:
+        sendbuf = MPI.IN_PLACE
+    if op is None:
+        op = MPI.SUM
+    if not made.own:
+        return made, sendbuf, op, None, None
+    run = functools.partial(_api.Allreduce, sendbuf, recvbuf, op, comm, **made.keywords)
+    return made, sendbuf, op, run, functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
 
 
 def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                validate: bool | None, timeout: float | None,
                reproducible: bool | None) -> Prepared:  # fmt: skip
-    key, made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                reproducible)  # fmt: skip
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
-    if op is None:
-        op = MPI.SUM
+    made, sendbuf, op, run, step = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm,
+                                                   validate, timeout, reproducible)  # fmt: skip
 
     def library(persistent: bool) -> MPI.Request:
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(made.comm, sendbuf, recvbuf, op)
 
-    if not made.own:
-        return Prepared("Allreduce", made.comm, made.timeout, None, library)
-    keywords = made.keywords
-
-    def run() -> None:
-        # The blocking call as given: where it repeats, the arrays' checks and auto's
-        # choice are remembered, and it runs from C.
-        _api.Allreduce(sendbuf, recvbuf, op, comm, **keywords)
-
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
-    call.step = functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
-    call.ctx = made.ctx
+    call.step, call.ctx = step, made.ctx
     return call
 
 
@@ -339,19 +335,12 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     itself and, where neither a thread nor the completion calls can carry the
     call out, every call.
     """
-    key, made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                reproducible)  # fmt: skip
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
-    if op is None:
-        op = MPI.SUM
-    if not made.own:
+    made, sendbuf, op, run, step = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm,
+                                                   validate, timeout, reproducible)  # fmt: skip
+    if run is None:
         if _TRACES:
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(made.comm, sendbuf, recvbuf, op)
-    # The blocking call as given (its repeat runs from C), and its step where it has one.
-    run = functools.partial(_api.Allreduce, sendbuf, recvbuf, op, comm, **made.keywords)
-    step = functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
     return _progress.start(made.ctx, _progress.Job(run, step=step))
 
 
@@ -376,8 +365,10 @@ def _half(name: str, comm: Any, algorithm: str, ready: _halves.Ready | None,
     call checks it), so that a start runs it with no checks."""
     if ready is None:  # an inter-communicator, or what ringmpi cannot reduce
         return prepared(name, comm, 0, op, algorithm, 0.0, None, library)
-    return prepared(name, MPI.COMM_WORLD if comm is None else comm, ready.nbytes, op, algorithm,
+    call = prepared(name, MPI.COMM_WORLD if comm is None else comm, ready.nbytes, op, algorithm,
                     ready.timeout, ready.run, library)  # fmt: skip
+    call.step = ready.step
+    return call
 
 
 _NONBLOCKING: dict[str, Any] = {

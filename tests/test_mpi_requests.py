@@ -180,36 +180,23 @@ def test_auto_takes_its_own_request_from_the_familys_size(comm):
 # The all-reduces whose started calls stop at a wait and go on later: the step engine's
 # plans, and the records that say they can.
 RESUMABLE = [a.name for a in registry.records() if a.plan is not None or a.resumable is not None]
+HALVES_RESUMABLE = [(c, a.name) for c in ("reduce_scatter", "allgather")
+                    for a in registry.records(c) if a.resumable is not None]  # fmt: skip
 
 
-@pytest.mark.parametrize("segment", [None, 8 << 10], ids=["segments-default", "segments-8KiB"])
-@pytest.mark.parametrize("algorithm", RESUMABLE)
-def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm,
-                                                                        segment):  # fmt: skip
-    """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory)
-    goes as far as it can in each Test, which never waits for another rank (nor does
-    the start): rank 0's
-    first Test returns before the other ranks have started (they start only once told
-    it returned), then Tests alone complete the call, exactly, start after start.
-    (A Test that ran the call to its end would wait for ranks that never start, until
-    the timeout named them.) With 8 KiB segments a step's message goes in many
-    pieces, and a call stops between them too."""
-    if SIZE == 1:
-        pytest.skip("needs a rank that starts late")
-    settings(progress="wait", segment_bytes=segment)
-    dup = WORLD.Dup()
-    x = np.zeros(BIG)
-
-    def start():
-        return ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm=algorithm, timeout=20)
-
+def late_rank(start, fill, result) -> list[str]:
+    """Start after start of ``start()`` (``fill(k)`` first; ``result(what, k)`` checks
+    it): three completed with Wait (the communicator set up, the call remembered),
+    then three that rank 0 tests before the other ranks start (they start only once
+    told its first Test returned), completed by Tests alone. A Test that ran the call
+    to its end would wait for ranks that never start, until the timeout named them."""
     problems = []
-    for k in range(3):  # the communicator set up, the call remembered: later ones resume
-        x[...] = ints(BIG, k)
+    for k in range(3):
+        fill(k)
         start().Wait()
-        problems += mismatch(f"call {k}", x, summed(BIG, k))
+        problems += result(f"call {k}", k)
     for k in range(3, 6):
-        x[...] = ints(BIG, k)
+        fill(k)
         if RANK != 0:
             WORLD.recv(source=0, tag=k)
         req = start()
@@ -221,7 +208,80 @@ def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings
                 problems.append(f"start {k}: the first Test completed before the others started")
         while not req.Test():
             pass
-        problems += mismatch(f"start {k}", x, summed(BIG, k))
+        problems += result(f"start {k}", k)
+    return problems
+
+
+@pytest.mark.parametrize("segment", [None, 8 << 10], ids=["segments-default", "segments-8KiB"])
+@pytest.mark.parametrize("algorithm", RESUMABLE)
+def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm,
+                                                                        segment):  # fmt: skip
+    """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory)
+    goes as far as it can in each Test, which never waits for another rank (nor does
+    the start): :func:`late_rank`, exact. With 8 KiB segments a step's message goes
+    in many pieces, and a call stops between them too."""
+    if SIZE == 1:
+        pytest.skip("needs a rank that starts late")
+    settings(progress="wait", segment_bytes=segment)
+    dup = WORLD.Dup()
+    x = np.zeros(BIG)
+
+    def start():
+        return ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm=algorithm, timeout=20)
+
+    def fill(k: int) -> None:
+        x[...] = ints(BIG, k)
+
+    problems = late_rank(start, fill, lambda what, k: mismatch(what, x, summed(BIG, k)))
+    dup.Free()
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
+@pytest.mark.parametrize(("collective", "algorithm"), HALVES_RESUMABLE)
+def test_a_started_half_goes_on_in_test_without_waiting_for_a_late_rank(settings, collective,
+                                                                        algorithm, in_place):  # fmt: skip
+    """The same for the halves (``Ireduce_scatter_block``, ``Iallgather``) of each
+    record that can stop at a wait: :func:`late_rank`, exact, in place and not."""
+    if SIZE == 1:
+        pytest.skip("needs a rank that starts late")
+    settings(progress="wait")
+    dup = WORLD.Dup()
+    block = BIG // SIZE
+    send, recv = np.zeros(block * SIZE), np.zeros(block if collective == "reduce_scatter" else
+                                                  block * SIZE)  # fmt: skip
+    if collective == "reduce_scatter":
+        given = MPI.IN_PLACE if in_place else send
+        into = send if in_place else recv  # in place: the block lands at the input's start
+
+        def start():
+            return ringmpi.Ireduce_scatter_block(given, into, comm=dup, algorithm=algorithm,
+                                                 timeout=20)  # fmt: skip
+
+        def fill(k: int) -> None:
+            send[...] = ints(block * SIZE, k)
+
+        def result(what: str, k: int) -> list[str]:
+            want = summed(block * SIZE, k)[RANK * block : (RANK + 1) * block]
+            return mismatch(what, into[:block], want)
+
+    else:
+        mine = recv[RANK * block : (RANK + 1) * block]
+        given = MPI.IN_PLACE if in_place else send[:block]
+
+        def start():
+            return ringmpi.Iallgather(given, recv, comm=dup, algorithm=algorithm, timeout=20)
+
+        def fill(k: int) -> None:
+            (mine if in_place else send[:block])[...] = ints(block, k)
+            if not in_place:
+                recv[...] = -1
+
+        def result(what: str, k: int) -> list[str]:
+            want = np.concatenate([ints(block, k, r) for r in range(SIZE)])
+            return mismatch(what, recv, want)
+
+    problems = late_rank(start, fill, result)
     dup.Free()
     agree(WORLD, problems)
 

@@ -102,6 +102,7 @@ class Algorithm:
     compiled: Callable[..., Any] | None = None
     # resumable(red, ctx, count, timeout) -> step(work, source, wait) or None: its call,
     # which a nonblocking call's Test carries as far as it goes without waiting (see Call).
+    # A half's takes its counts per rank for count, and step the arrays its run takes.
     resumable: Callable[..., Any] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
@@ -134,11 +135,11 @@ def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algori
         if fields.get("plan") is None:
             raise TypeError(f"algorithm {name!r}: give a run function or a plan")
         plan = fields["plan"]
-        run = (
-            engine_run(name, plan)
-            if collective == "allreduce"
-            else half_run(name, plan, collective)
-        )
+        if collective == "allreduce":
+            run = engine_run(name, plan)
+        else:
+            run = half_run(name, plan, collective)
+            fields.setdefault("resumable", half_resumable(name, plan, collective))
     summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
     algo = Algorithm(name, run, summary, **fields)
     _REGISTRY[collective][name] = algo
@@ -179,6 +180,34 @@ def half_run(name: str, builder: Callable[..., Any], collective: str) -> Algorit
 
     run.__doc__ = builder.__doc__
     return run
+
+
+def half_resumable(name: str, builder: Callable[..., Any], collective: str):
+    """The ``resumable`` of a half with a plan: the step engine's step on the arrays
+    :func:`half_run`'s run takes (the reduce-scatter on the same working copy, rank
+    r's block copied out once done)."""
+
+    def resumable(red, ctx, counts, timeout):
+        counts = tuple(counts)
+        if collective == "allgather":
+            step = _engine.prepare(ctx.plan(builder(counts), sum(counts), 1), red, ctx, name,
+                                   timeout)  # fmt: skip
+            return lambda work, source, wait: step(work, work, wait)
+        total, r = sum(counts), ctx.rank
+        step = _engine.prepare(ctx.plan(builder(counts), total, red.dtype.itemsize), red, ctx,
+                               name, timeout)  # fmt: skip
+        start = sum(counts[:r])
+
+        def go(work, source, wait):
+            scratch = ctx.scratch(total * red.dtype.itemsize).view(red.dtype)
+            done = step(scratch, source, wait)
+            if done:
+                work[...] = scratch[start : start + counts[r]]
+            return done
+
+        return go
+
+    return resumable
 
 
 def records(collective: str = "allreduce") -> list[Algorithm]:

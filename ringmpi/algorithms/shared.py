@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -144,18 +145,6 @@ def _publish(flags, me, b, n, tag, win):
     flags[me + 1 + 2 * b] = n
     flags[me + 2 + 2 * b] = tag
     _raise_flag(flags, me, win)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _announce(flags, me, b, n, tag, size, fstride, win, sleepy, timeout, err, piece):
-    """:func:`_publish`, then wait for every rank's flag; whether it gave up (the report
-    then names the late rank)."""
-    _publish(flags, me, b, n, tag, win)
-    late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
-    if late >= 0:
-        err[0], err[1], err[2], err[3] = TIMED_OUT, piece, late, 0
-        return True
-    return False
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -281,9 +270,11 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
     ``out`` from q·piece on. All-gather: a rank stores its own block's lanes
     (from ``source`` at ``own``; q = the whole set), waits, and copies the
     others' into ``out`` at their blocks. The next piece's wait frees the
-    set, as in :func:`_allreduce`."""
+    set, as in :func:`_allreduce`; with _NOWAIT set it returns at that wait
+    and goes on from there, as :func:`_allreduce` does (_DONE: the piece)."""
     code, tag, sleepy, timeout, half, avg_by, err = header(params)
     rank, size, fstride, dstride, hdr, cap, win = _shape_cells(params)
+    nowait = params[_NOWAIT] != 0
     parts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err[0] = 0
     q = cap if gather else cap // size
@@ -293,23 +284,36 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
         longest = max(longest, counts[r])
     pieces = max(1, (longest + q - 1) // q)
     me = rank * fstride
-    wrote = read = 0
-    for k in range(pieces):
-        b = flags[me + _PIECE] & 1
-        flags[me + _PIECE] += 1
+    stage = params[_STAGE]
+    if stage == _NEW:
+        params[_DONE] = params[_WROTE] = params[_READ] = 0
+    k = params[_DONE]
+    while k < pieces:
+        if stage == _NEW:
+            flags[me + _PIECE] += 1
+        b = (flags[me + _PIECE] - 1) & 1
         at = hdr + b * cap
         mine = rank * dstride + at
-        if gather:
-            m = max(0, min(q, counts[rank] - k * q))
-            _copy(data, mine, source, own + k * q, m)
-            wrote += m
-        else:
-            for r in range(size):
-                m = max(0, min(q, counts[r] - k * q))
-                if r != rank or half:
-                    _copy(data, mine + r * q, source, starts[r] + k * q, m)
-                    wrote += m
-        if _announce(flags, me, b, total, tag, size, fstride, win, sleepy, timeout, err, k):
+        if stage == _NEW:
+            if gather:
+                m = max(0, min(q, counts[rank] - k * q))
+                _copy(data, mine, source, own + k * q, m)
+                params[_WROTE] += m
+            else:
+                for r in range(size):
+                    m = max(0, min(q, counts[r] - k * q))
+                    if r != rank or half:
+                        _copy(data, mine + r * q, source, starts[r] + k * q, m)
+                        params[_WROTE] += m
+            _publish(flags, me, b, total, tag, win)
+            stage = _PUBLISHED
+        late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+        if late == _NOT_YET:
+            params[_STAGE], params[_DONE] = stage, k
+            return
+        params[_STAGE] = stage = _NEW  # a call that fails is over
+        if late >= 0:
+            err[0], err[1], err[2], err[3] = TIMED_OUT, k, late, 0
             return
         if _disagrees(flags, b, size, fstride, total, tag, err, k):
             return
@@ -318,23 +322,21 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
                 m = max(0, min(q, counts[r] - k * q))
                 if r != rank:
                     _copy(out, starts[r] + k * q, data, r * dstride + at, m)
-                    read += m
-            continue
-        m = max(0, min(q, counts[rank] - k * q))
-        if m == 0:
-            continue
-        into = out[k * q : k * q + m]
-        if half:
-            for r in range(size):
-                parts[r] = r * dstride + at + rank * q
-            fold_half_parts(into, data, data, data.size, parts, 0, code, half, avg_by)
+                    params[_READ] += m
         else:
-            fold_in_order_by_code(into, source[own + k * q : own + k * q + m], data, dstride,
-                                  at + rank * q, rank, size, code)  # fmt: skip
-            if divisor.size > 0:
-                divide_by(into, divisor)
-        read += (size - 1) * m
-    params[_WROTE], params[_READ] = wrote, read
+            m = max(0, min(q, counts[rank] - k * q))
+            into = out[k * q : k * q + m]
+            if m > 0 and half:
+                for r in range(size):
+                    parts[r] = r * dstride + at + rank * q
+                fold_half_parts(into, data, data, data.size, parts, 0, code, half, avg_by)
+            elif m > 0:
+                fold_in_order_by_code(into, source[own + k * q : own + k * q + m], data,
+                                      dstride, at + rank * q, rank, size, code)  # fmt: skip
+                if divisor.size > 0:
+                    divide_by(into, divisor)
+            params[_READ] += (size - 1) * m
+        k += 1
 
 
 def shared_memory_halves(out: np.ndarray, source: np.ndarray, own: int, counts: Sequence[int],
@@ -348,19 +350,64 @@ def shared_memory_halves(out: np.ndarray, source: np.ndarray, own: int, counts: 
     ``out`` is the whole buffer, this rank's block is in ``source`` from
     ``own``. The rank order is the local-rank order (the node is the
     communicator, split with the rank as key)."""
+    params = _halves_step(red, ctx, counts, timeout, gather)(out, source, own, True)[1]
+    if _trace._active:
+        isz = red.lanes(np.zeros(0, red.dtype)).itemsize
+        _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
+
+
+def _halves_step(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float,
+                 gather: bool):  # fmt: skip
+    """``step(out, source, own, wait) -> (done, params)``: :func:`_halves` on these
+    arrays (as :func:`shared_memory_halves` takes them), to its end or, ``wait``
+    False, as far as it goes without waiting for another rank; its errors raised."""
     node, params, divisor, data, split = _shape(red, ctx, timeout)
-    into, frm = (red.lanes(out), red.lanes(source)) if split else (out, source)
     per = red.lanes(np.zeros(1, red.dtype)).size if split else 1  # lanes an element
     lanes = np.array(counts, np.int64) * per
     starts = np.zeros(len(counts), np.int64)
     np.cumsum(lanes[:-1], out=starts[1:])
-    _halves(into.reshape(-1), frm.reshape(-1), own * per, starts, lanes, data, node.flags, params,
-            divisor, int(gather))  # fmt: skip
-    if params.item(_NPARAMS):
-        _raise(params[_NPARAMS:], int(lanes.sum()), red, ctx, timeout)
-    if _trace._active:
-        isz = into.itemsize
-        _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
+    flags, total = node.flags, int(lanes.sum())
+
+    def step(out: np.ndarray, source: np.ndarray, own: int, wait: bool) -> tuple[bool, Any]:
+        into, frm = (red.lanes(out), red.lanes(source)) if split else (out, source)
+        params[_NOWAIT] = not wait
+        try:
+            _halves(into.reshape(-1), frm.reshape(-1), own * per, starts, lanes, data, flags,
+                    params, divisor, int(gather))  # fmt: skip
+        finally:
+            params[_NOWAIT] = 0
+        if params.item(_NPARAMS):
+            _raise(params[_NPARAMS:], total, red, ctx, timeout)
+        return params.item(_STAGE) == _NEW, params
+
+    return step
+
+
+def halves_resumable(gather: bool):
+    """The halves records' ``resumable(red, ctx, counts, timeout)``: ``step(work, source,
+    wait)`` on the arrays their run takes, whether done (one rank: None, the run
+    carries it out)."""
+
+    def resumable(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float):
+        if ctx.size == 1:
+            return None
+        inner, own = _halves_step(red, ctx, counts, timeout, gather), sum(counts[: ctx.rank])
+        if gather:
+            return lambda work, source, wait: inner(work, work, own, wait)[0]
+        out: list[np.ndarray] = []  # where the block is folded: its own scratch in place
+
+        def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
+            if not out:
+                overlaps = np.may_share_memory(work, source)
+                out.append(ctx.scratch(work.nbytes).view(work.dtype) if overlaps else work)
+            done = inner(out[0], source, own, wait)[0]
+            if done and out[0] is not work:
+                work[...] = out[0]
+            return done
+
+        return step
+
+    return resumable
 
 
 # A call's cells from _capi's CELL_OWN: (address, length) of the window as the
@@ -647,9 +694,10 @@ def halves_terms(gather: bool):
 
 
 register("shared_memory", shared_memory_reduce_scatter, collective="reduce_scatter",
-         terms=halves_terms(False), one_node=True, half=shared_memory_reduce_scatter)  # fmt: skip
+         terms=halves_terms(False), one_node=True, half=shared_memory_reduce_scatter,
+         resumable=halves_resumable(False))  # fmt: skip
 register("shared_memory", shared_memory_all_gather, collective="allgather",
-         terms=halves_terms(True), one_node=True)  # fmt: skip
+         terms=halves_terms(True), one_node=True, resumable=halves_resumable(True))  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

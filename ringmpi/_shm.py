@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from ._capi import load_acquire, monotonic_ns, mpi_win_sync, sched_yield, store_release
 
-__all__ = ["await_flags", "flag_barrier", "node_window"]
+__all__ = ["NOT_YET", "all_up", "await_flags", "flag_barrier", "node_window", "raise_flag"]
 
 # Polls before a waiting rank starts yielding its core between polls: a few
 # microseconds of spinning, then the rank it waits for may be descheduled
@@ -80,16 +80,41 @@ def await_flags(flags, size, stride, at, target, sleepy, timeout_ns):
     return -1
 
 
+# What all_up returns where it was asked not to wait and a flag is not there yet.
+NOT_YET = -2
+
+
+@numba.njit(cache=True, nogil=True)
+def raise_flag(flags, at, win):
+    """Raise the flag ``flags[at]`` by one, after this rank's stores to window ``win``
+    (MPI_Win_sync, then a release store)."""
+    mpi_win_sync(win)
+    store_release(flags, at, flags[at] + 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def all_up(flags, size, stride, target, win, sleepy, timeout_ns, nowait):
+    """Whether every rank's flag (``flags[r * stride]``) has reached ``target``: -1
+    once they have (waiting for them, unless ``nowait``; then MPI_Win_sync, so that
+    this rank's later loads see the stores made before them), NOT_YET where
+    ``nowait`` and one has not, or the rank the wait gave up on
+    (:func:`await_flags`)."""
+    if nowait:
+        for r in range(size):
+            if load_acquire(flags, r * stride) < target:
+                return NOT_YET
+        late = -1
+    else:
+        late = await_flags(flags, size, stride, 0, target, sleepy, timeout_ns)
+    mpi_win_sync(win)
+    return late
+
+
 @numba.njit(cache=True, nogil=True)
 def flag_barrier(flags, size, stride, me, win, sleepy, timeout_ns):
     """A barrier of the node's ranks through their flags (``flags[r * stride]``),
     ordering every rank's stores to window ``win`` before every rank's later
-    loads: raise this rank's flag (MPI_Win_sync, then a release store), wait
-    for every flag to reach it (acquire loads), MPI_Win_sync. Returns -1, or the
-    local rank it gave up waiting for (see :func:`await_flags`)."""
-    k = flags[me * stride] + 1
-    mpi_win_sync(win)
-    store_release(flags, me * stride, k)
-    late = await_flags(flags, size, stride, 0, k, sleepy, timeout_ns)
-    mpi_win_sync(win)
-    return late
+    loads: :func:`raise_flag`, then :func:`all_up` for this rank's count. Returns -1,
+    or the local rank it gave up waiting for."""
+    raise_flag(flags, me * stride, win)
+    return all_up(flags, size, stride, flags[me * stride], win, sleepy, timeout_ns, False)

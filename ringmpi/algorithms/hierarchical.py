@@ -66,6 +66,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import cast
 
@@ -84,7 +85,7 @@ from .._half import fold_half_parts
 from .._ops import divide_by, fold_by_code
 from .._report import DISAGREE, HEADER, OK, TIMED_OUT, header, parameters, raise_from
 from .._settings import Settings, current
-from .._shm import flag_barrier, node_window
+from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
 from .registry import get, listing, records, register
@@ -234,14 +235,23 @@ class _Window:
         self.handle = handle(self.win)
         self.calls: Bounded[tuple, tuple] = Bounded(64)  # call shapes (_run_passes)
 
-    def sync(self, ctx: Context, lay: Layout, timeout: float) -> None:
-        """Order the last call's loads before this call's stores, on every local rank
-        (its slots moved): a barrier through the ranks' flags, compiled, with
-        MPI_Win_sync on this window on both sides (:func:`ringmpi._shm.flag_barrier`)."""
-        late = flag_barrier(self.flags, self.size, _FLAG_CELLS, self.rank, self.handle,
-                            self.sleepy, round(timeout * 1e9))  # fmt: skip
+    def raise_flag(self) -> None:
+        """This rank is at the node's barrier (:meth:`all_up` waits for the others)."""
+        assert self.flags is not None  # not freed
+        raise_flag(self.flags, self.rank * _FLAG_CELLS, self.handle)
+
+    def all_up(self, ctx: Context, lay: Layout, timeout: float, wait: bool = True) -> bool:
+        """Whether every local rank has reached the barrier this rank is at: the last
+        call's loads ordered before this call's stores, on every local rank (its slots
+        moved), compiled, with MPI_Win_sync on this window on both sides
+        (:func:`ringmpi._shm.all_up`; waiting for them unless ``wait`` is False)."""
+        flags = self.flags
+        assert flags is not None  # not freed
+        late = all_up(flags, self.size, _FLAG_CELLS, flags[self.rank * _FLAG_CELLS], self.handle,
+                      self.sleepy, round(timeout * 1e9), not wait)  # fmt: skip
         if late >= 0:
             _fail(np.array([TIMED_OUT, 0, late, 0, 0]), ctx, lay, timeout, "new window layout")
+        return late != NOT_YET
 
     def free(self) -> None:
         self.node.Barrier()  # nobody still reads it
@@ -278,7 +288,10 @@ def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) 
 # type and what its fold divides by), these, then the report (the step is the pass;
 # the rank a local rank). _COUNT: the call's count; _PHASE: which passes it makes.
 (_RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _STREAM, _STREAM_OUT, _WIN, _ISZ, _COUNT, _PHASE,
- _NPARAMS) = range(HEADER, HEADER + 14)  # fmt: skip
+ _AT_T, _AT_STAGE, _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 17)  # fmt: skip
+# _AT_STAGE: _NEW, or _RAISED where a call asked not to wait (_NOWAIT) returned at the
+# barrier of step _AT_T, its flag raised: the next call on the same cells goes on there.
+_NEW, _RAISED = 0, 1
 # The passes: all of a one-node call; or, across nodes, publish and fold into the
 # buffer (before the rails), then store the finished slices and copy out (after).
 ONE_NODE, GATHER, SPREAD = 0, 1, 2
@@ -339,66 +352,78 @@ def _node_passes(work, src, window, scratch, work8, src8, window8, scratch8, fla
     # ONE_NODE: step t publishes piece t, folds t - 1 and copies out t - 2; GATHER and
     # SPREAD: step t publishes (stores) piece t and folds (copies out) t - 1.
     last = pieces + 1 if phase == ONE_NODE else pieces
-    if phase != SPREAD:
+    nowait = params[_NOWAIT] != 0
+    first, resumed = 0, params[_AT_STAGE] == _RAISED
+    if resumed:  # the work of step first is done, its flag raised
+        first = params[_AT_T]
+    elif phase != SPREAD:
         _announce(flags, rank, params[_COUNT], tag)
-    for t in range(last + 1):
-        if t < pieces and phase != SPREAD:  # publish piece t: this rank's part of others' slices
-            for jj in range(theirs.size):
-                off, lo, hi = _cut(bounds, theirs[jj], t, per, sets, slices)
-                _put(window8, (me + off) * isz, src8, lo * isz, (hi - lo) * isz, streaming)
-        if t < pieces and phase == SPREAD:  # store piece t of the finished owned slices
-            for jj in range(owned.size):
-                off, lo, hi = _cut(bounds, owned[jj], t, per, sets, slices)
-                _put(window8, (me + off) * isz, work8, lo * isz, (hi - lo) * isz, streaming)
-        if 0 < t <= pieces and phase == GATHER:  # fold piece t - 1 into work only
-            for jj in range(owned.size):
-                off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
-                fold_by_code(work[lo:hi], work[:0], src[lo:hi], window, stride, off, rank, nl,
-                             code)  # fmt: skip
-        if 0 < t <= pieces and phase == ONE_NODE:  # fold piece t - 1 of the owned slices
-            for jj in range(owned.size):
-                off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
-                n = hi - lo
-                mine = window[me + off : me + off + n]
-                if half:
-                    # Half types: this rank's own contribution from src, the others'
-                    # from their slots (src, then the window, as one buffer), in
-                    # local-rank order, widened to float32, rounded once; the result
-                    # goes to the slot and to work as for any type.
-                    for k in range(nl):
-                        starts[k] = lo if k == rank else src.size + k * stride + off
-                    out = scratch[:n] if streaming else mine
-                    fold_half_parts(out, src, window, src.size, starts, 0, code, half, avg_by)
+    for t in range(first, last + 1):
+        if not (resumed and t == first):
+            if t < pieces and phase != SPREAD:  # publish piece t: its part of the others' slices
+                for jj in range(theirs.size):
+                    off, lo, hi = _cut(bounds, theirs[jj], t, per, sets, slices)
+                    _put(window8, (me + off) * isz, src8, lo * isz, (hi - lo) * isz, streaming)
+            if t < pieces and phase == SPREAD:  # store piece t of the finished owned slices
+                for jj in range(owned.size):
+                    off, lo, hi = _cut(bounds, owned[jj], t, per, sets, slices)
+                    _put(window8, (me + off) * isz, work8, lo * isz, (hi - lo) * isz, streaming)
+            if 0 < t <= pieces and phase == GATHER:  # fold piece t - 1 into work only
+                for jj in range(owned.size):
+                    off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
+                    fold_by_code(work[lo:hi], work[:0], src[lo:hi], window, stride, off, rank, nl,
+                                 code)  # fmt: skip
+            if 0 < t <= pieces and phase == ONE_NODE:  # fold piece t - 1 of the owned slices
+                for jj in range(owned.size):
+                    off, lo, hi = _cut(bounds, owned[jj], t - 1, per, sets, slices)
+                    n = hi - lo
+                    mine = window[me + off : me + off + n]
+                    if half:
+                        # Half types: this rank's own contribution from src, the others'
+                        # from their slots (src, then the window, as one buffer), in
+                        # local-rank order, widened to float32, rounded once; the result
+                        # goes to the slot and to work as for any type.
+                        for k in range(nl):
+                            starts[k] = lo if k == rank else src.size + k * stride + off
+                        out = scratch[:n] if streaming else mine
+                        fold_half_parts(out, src, window, src.size, starts, 0, code, half, avg_by)
+                        if streaming:
+                            _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
+                            _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
+                        else:
+                            _put(work8, lo * isz, window8, (me + off) * isz, n * isz, stream_out)
+                        continue
+                    # this rank's own contribution first, then the others' in local-rank
+                    # order, in one pass per other rank; the cached way writes the slot
+                    # in the last pass, the streaming way folds into the cache-sized
+                    # scratch and streams it to the slot and to work
+                    out = scratch[:n] if streaming else work[lo:hi]
+                    fold_by_code(out, out[:0] if streaming else mine, src[lo:hi], window, stride,
+                                 off, rank, nl, code)  # fmt: skip
+                    if divisor.size > 0:
+                        divide_by(out, divisor)
+                        if not streaming:
+                            divide_by(mine, divisor)
                     if streaming:
                         _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
                         _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
-                    else:
-                        _put(work8, lo * isz, window8, (me + off) * isz, n * isz, stream_out)
-                    continue
-                # this rank's own contribution first, then the others' in local-rank
-                # order, in one pass per other rank; the cached way writes the slot
-                # in the last pass, the streaming way folds into the cache-sized
-                # scratch and streams it to the slot and to work
-                out = scratch[:n] if streaming else work[lo:hi]
-                fold_by_code(out, out[:0] if streaming else mine, src[lo:hi], window, stride,
-                             off, rank, nl, code)  # fmt: skip
-                if divisor.size > 0:
-                    divide_by(out, divisor)
-                    if not streaming:
-                        divide_by(mine, divisor)
-                if streaming:
-                    _put(window8, (me + off) * isz, scratch8, 0, n * isz, True)
-                    _put(work8, lo * isz, scratch8, 0, n * isz, stream_out)
-        # copy out piece t - 2 (ONE_NODE) or t - 1 (SPREAD) of the slices others finished
-        out_piece = t - 2 if phase == ONE_NODE else t - 1 if phase == SPREAD else -1
-        if 0 <= out_piece < pieces:
-            for jj in range(theirs.size):
-                j = theirs[jj]
-                off, lo, hi = _cut(bounds, j, out_piece, per, sets, slices)
-                at = (j % nl) * stride + off
-                _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
+            # copy out piece t - 2 (ONE_NODE) or t - 1 (SPREAD) of the slices others finished
+            out_piece = t - 2 if phase == ONE_NODE else t - 1 if phase == SPREAD else -1
+            if 0 <= out_piece < pieces:
+                for jj in range(theirs.size):
+                    j = theirs[jj]
+                    off, lo, hi = _cut(bounds, j, out_piece, per, sets, slices)
+                    at = (j % nl) * stride + off
+                    _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
         if t < last:
-            late = flag_barrier(flags, nl, _FLAG_CELLS, rank, win, sleepy, timeout)
+            if not (resumed and t == first):
+                raise_flag(flags, rank * _FLAG_CELLS, win)
+            late = all_up(flags, nl, _FLAG_CELLS, flags[rank * _FLAG_CELLS], win, sleepy, timeout,
+                          nowait)  # fmt: skip
+            if late == NOT_YET:  # asked not to wait: the next call goes on from here
+                params[_AT_T], params[_AT_STAGE] = t, _RAISED
+                return
+            params[_AT_STAGE] = _NEW  # a call that fails is over
             if late >= 0:  # the local rank that did not reach step t
                 err[0], err[1], err[2], err[3] = TIMED_OUT, t, late, 0
                 return
@@ -439,6 +464,17 @@ def hierarchical_allreduce(
     timeout: float = 0.0,
 ) -> None:
     """Hierarchical all-reduce: shared memory inside each node, a plan across nodes."""
+    for _ in _call(work, red, ctx, source, timeout, True):
+        pass  # (waiting, it never stops on the way)
+
+
+def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None,
+          timeout: float, wait: bool) -> Generator[None, bool, None]:  # fmt: skip
+    """The call, as a generator: with ``wait`` False it stops (yields) where it would
+    wait for another rank of its node, and the value sent to it then says whether to
+    wait from there on. Across nodes the rails always wait (:func:`resumable` offers
+    one node only); so do a window that must grow and, on the way, a timed call's
+    agreement on its time once asked to wait."""
     settings = current()
     key = _nodes_of(settings)
     lay = layout(ctx, settings, timeout)
@@ -456,16 +492,20 @@ def hierarchical_allreduce(
     sets = 1 if pieces == 1 else 2
     win = _window(ctx, key, lay, sets * lay.slices * per * dt.itemsize, timeout)
     shape = (per * dt.itemsize, sets)
+    stopped = False  # whether it stopped on the way (its time is not the call's)
     if win.shape != shape:
         # The slots move: nobody may still be reading the last call's (a call with
         # the same slots needs no such step, see below).
         if win.shape is not None:
-            win.sync(ctx, lay, timeout)
+            win.raise_flag()
+            while not win.all_up(ctx, lay, timeout, wait):
+                wait, stopped = (yield), True
         win.shape = shape
     started = MPI.Wtime()
     passes = (work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout)
     if lay.nodes == 1:
-        _node_phase(passes, ONE_NODE, "node reduce")
+        while not _node_phase(passes, ONE_NODE, "node reduce", wait):
+            wait, stopped = (yield), True
     else:
         # Across nodes: publish and fold the whole buffer into `work`, all-reduce the
         # owned slices along their rails, then store the results and copy out.
@@ -488,7 +528,18 @@ def hierarchical_allreduce(
             red.finish(acc, ctx.size)
         _node_phase(passes, SPREAD, "node all-gather")
     if timing is not None:
-        timing.append(_slowest(ctx, lay, MPI.Wtime() - started, timeout))
+        # The node's slowest time of this call, and whether any rank stopped on the way
+        # (then it is no trial: the time is the program's too), given up after the timeout.
+        slowest = np.zeros(2)
+        took = np.array([MPI.Wtime() - started, float(stopped)])
+        req = lay.node.Iallreduce(took, slowest, op=MPI.MAX)
+        while not wait and not req.Test():
+            wait = yield
+        if wait:
+            complete(req, ctx, timeout, f"rank {ctx.rank}: hierarchical timing trial",
+                     "the other ranks of its node to finish the call")  # fmt: skip
+        if not slowest[1]:
+            timing.append(float(slowest[0]))
     if _trace._active:
         # Every element is stored once (a contribution or a result); an owned one is
         # loaded from the L - 1 other ranks, any other once (copied out).
@@ -497,26 +548,50 @@ def hierarchical_allreduce(
         _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
 
 
-def _node_phase(passes: tuple, phase: int, name: str) -> None:
-    """One phase through the node's window, its time recorded when traced."""
+def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
+    """``step(work, source, wait)``: the call of ``count`` elements on one node started,
+    or carried on, as far as it goes without waiting for another rank (``wait``
+    False) or to its end; whether it is done (None: not arrays of this call, nothing
+    done). The record's ``resumable``; None across nodes."""
+    if ctx.nodes(current())[0] > 1:
+        return None
+    running: list[Generator[None, bool, None]] = []  # the call under way
+
+    def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
+        fresh = not running
+        if fresh and not wait and (work.dtype != red.dtype or work.size != count
+                                   or source.size != count):  # fmt: skip
+            return None
+        if fresh:
+            running.append(_call(work, red, ctx, None if source is work else source, timeout,
+                                 wait))  # fmt: skip
+        try:
+            if fresh:
+                next(running[0])
+            else:
+                running[0].send(wait)
+        except StopIteration:
+            running.clear()
+            return True
+        except BaseException:
+            running.clear()
+            raise
+        return False
+
+    return step
+
+
+def _node_phase(passes: tuple, phase: int, name: str, wait: bool = True) -> bool:
+    """One phase through the node's window, its time recorded when traced; whether it
+    is done (``wait`` False: as far as it goes without waiting, :func:`_run_passes`)."""
     if not _trace._active:
-        _run_passes(*(*passes, phase))
-        return
+        return _run_passes(*(*passes, phase, wait))
     started = time.monotonic_ns()
-    _run_passes(*(*passes, phase))
+    done = _run_passes(*(*passes, phase, wait))
     work = passes[0]
     _trace.record_span("hierarchical", name, 0, started, time.monotonic_ns(),
                        nbytes=work.nbytes, shared=True)  # fmt: skip
-
-
-def _slowest(ctx: Context, lay: Layout, took: float, timeout: float) -> float:
-    """The node's slowest time of this call (for the way trials), as a nonblocking
-    reduction that gives up after the timeout."""
-    slowest = np.zeros(1)
-    req = lay.node.Iallreduce(np.array([took]), slowest, op=MPI.MAX)
-    complete(req, ctx, timeout, f"rank {ctx.rank}: hierarchical timing trial",
-             "the other ranks of its node to finish the call")  # fmt: skip
-    return float(slowest[0])
+    return done
 
 
 def _streams_out(nbytes: int) -> bool:
@@ -526,8 +601,11 @@ def _streams_out(nbytes: int) -> bool:
     return nbytes >= _STREAM_OUT_FROM
 
 
-def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout, phase):
-    """The node's passes of a call through :func:`_node_passes` (one compiled call)."""
+def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, timeout, phase,
+                wait=True):  # fmt: skip
+    """The node's passes of a call through :func:`_node_passes` (one compiled call); with
+    ``wait`` False, as far as they go without waiting for another rank. Whether done
+    (else the next call on the same arguments goes on from there)."""
     streaming = way == "streaming"
     lanes = red.lanes
     into, frm = lanes(work), lanes(src)
@@ -542,7 +620,7 @@ def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, t
         params[_RANK:_NPARAMS] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
                                   lay.slices, per * w, sets, pieces, int(streaming),
                                   int(_streams_out(work.nbytes)), win.handle, ld.itemsize,
-                                  work.size, phase)  # fmt: skip
+                                  work.size, phase, 0, _NEW, 0)  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -550,12 +628,17 @@ def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, t
         )  # fmt: skip
         win.calls.put(key, found)
     params, lanes_bounds, owned, theirs, divisor, window, scratch = found
-    _node_passes(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8), win.flat,
-                 scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs, divisor,
-                 params)  # fmt: skip
+    params[_NOWAIT] = not wait
+    try:
+        _node_passes(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8),
+                     win.flat, scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs,
+                     divisor, params)  # fmt: skip
+    finally:
+        params[_NOWAIT] = 0
     if params.item(_NPARAMS) != OK:
         names = {ONE_NODE: "one-node", GATHER: "publish and fold", SPREAD: "store and copy-out"}
         _fail(params[_NPARAMS:], ctx, lay, timeout, names[phase], red, work.size)
+    return params.item(_AT_STAGE) == _NEW
 
 
 def _choose(ctx: Context, key: tuple, nbytes: int, stores: str):
@@ -728,6 +811,7 @@ HIERARCHICAL = register(
     half=_half_types,
     half_one_node=True,
     state=_State,
+    resumable=resumable,
     warm=warm,
 )
 

@@ -65,16 +65,13 @@ from .._capi import (
     CELL_OWN,
     as_voidptr,
     handle,
-    load_acquire,
-    mpi_win_sync,
     peek,
-    store_release,
 )
 from .._comm import Context
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_in_order_by_code
 from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
-from .._shm import await_flags, node_window
+from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from .registry import records, register
 
@@ -95,7 +92,6 @@ _PIECE = 5  # header cell: pieces this rank has done; its parity is the next pie
 (_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _WIN, _SCATTER, _WROTE, _READ, _STAGE, _DONE,
  _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 14)  # fmt: skip
 _NEW, _PUBLISHED, _SLICED = 0, 1, 2
-_NOT_YET = -2  # _all_up: a flag is not there yet (no wait asked)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -105,29 +101,6 @@ def _copy(dst, at, src, frm, k):
     d, c = dst[at : at + k], src[frm : frm + k]
     for i in range(k):
         d[i] = c[i]
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _raise_flag(flags, me, win):
-    """Raise this rank's flag by one, after its stores to the window."""
-    mpi_win_sync(win)
-    store_release(flags, me, flags[me] + 1)
-
-
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _all_up(flags, size, fstride, target, win, sleepy, timeout, nowait):
-    """Whether every rank's flag has reached ``target``: -1 once they have (waiting for
-    them, unless ``nowait``), _NOT_YET where ``nowait`` and one has not, or the local
-    rank the wait gave up on."""
-    if nowait:
-        for r in range(size):
-            if load_acquire(flags, r * fstride) < target:
-                return _NOT_YET
-        late = -1
-    else:
-        late = await_flags(flags, size, fstride, 0, target, sleepy, timeout)
-    mpi_win_sync(win)
-    return late
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -144,7 +117,7 @@ def _publish(flags, me, b, n, tag, win):
     raise its flag (after its stores of the piece)."""
     flags[me + 1 + 2 * b] = n
     flags[me + 2 + 2 * b] = tag
-    _raise_flag(flags, me, win)
+    raise_flag(flags, me, win)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -202,8 +175,8 @@ def _allreduce(work, source, data, flags, params, divisor):
             _publish(flags, me, b, n, tag, win)
             stage = _PUBLISHED
         if stage == _PUBLISHED:
-            late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
-            if late == _NOT_YET:
+            late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+            if late == NOT_YET:
                 params[_STAGE], params[_DONE] = stage, done
                 return
             params[_STAGE] = _NEW  # a call that fails is over
@@ -229,7 +202,7 @@ def _allreduce(work, source, data, flags, params, divisor):
                     divide_by(slot, divisor)
                 _copy(out, lo, data, mine + lo, hi - lo)
                 params[_WROTE] += hi - lo
-                _raise_flag(flags, me, win)
+                raise_flag(flags, me, win)
                 stage = _SLICED
             elif size > 1:
                 # Every slot in rank order, this rank's own too (src may be work).
@@ -239,8 +212,8 @@ def _allreduce(work, source, data, flags, params, divisor):
             else:
                 _copy(out, 0, data, mine, m)
         if stage == _SLICED:
-            late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
-            if late == _NOT_YET:
+            late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+            if late == NOT_YET:
                 params[_STAGE], params[_DONE] = stage, done
                 return
             params[_STAGE] = stage = _NEW
@@ -307,8 +280,8 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
                         params[_WROTE] += m
             _publish(flags, me, b, total, tag, win)
             stage = _PUBLISHED
-        late = _all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
-        if late == _NOT_YET:
+        late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, nowait)
+        if late == NOT_YET:
             params[_STAGE], params[_DONE] = stage, k
             return
         params[_STAGE] = stage = _NEW  # a call that fails is over

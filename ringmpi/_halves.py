@@ -56,7 +56,7 @@ class Ready(NamedTuple):
     run: Callable[[], None]
     nbytes: int
     timeout: float
-    step: Callable[[], Callable[[bool], bool | None] | None]
+    step: Callable[[], Callable[[bool], bool | None] | None] | None = None
 
 
 # The registry's collective of each call.
@@ -114,12 +114,13 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
 
 
 def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
-                           comm: Any, algorithm: str,
-                           timeout: float | None) -> Ready | None:  # fmt: skip
+                           comm: Any, algorithm: str, timeout: float | None,
+                           started: bool = False) -> Ready | None:  # fmt: skip
     """The reduce-scatter checked once (bad input raises here, before any message),
-    ready to run as often as wanted (a persistent request's starts). None: the
-    library's call, with the arguments as given (an inter-communicator, what ringmpi
-    cannot reduce)."""
+    ready to run as often as wanted (a persistent request's starts); ``started``: with
+    its step finder too (a nonblocking or persistent call's). None: the library's
+    call, with the arguments as given (an inter-communicator, what ringmpi cannot
+    reduce)."""
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     checked = _check(name, algorithm, timeout, comm)
     if checked is None:
@@ -173,6 +174,9 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         if not straight:
             recv.flat[: counts[r]] = out
 
+    if not started:
+        return Ready(run, given.nbytes, waits)
+
     def step() -> Callable[[bool], bool | None] | None:
         found = _resumable(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
         if found is None:
@@ -191,7 +195,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
 
 
 def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
-                      timeout: float | None) -> Ready | None:  # fmt: skip
+                      timeout: float | None, started: bool = False) -> Ready | None:  # fmt: skip
     """The all-gather checked once, as :func:`prepare_reduce_scatter`."""
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
@@ -218,32 +222,25 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
     work = recv.reshape(-1).view(np.uint8) if straight else np.empty(n * block, np.uint8)
     key = _settle_key(comm, "Allgather", recv.nbytes, MPI.SUM, None) if record is None else ()
 
-    def take_in() -> None:
-        if not straight:
-            work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
-        if send is not None:
-            mine = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
-            work[r * block : (r + 1) * block] = mine
-
-    def give_out() -> None:
+    def run() -> None:
+        _gather_in(work, recv, send, straight, r * block)
+        _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
         if not straight:
             recv[...] = work.view(recv.dtype).reshape(recv.shape)
 
-    def run() -> None:
-        take_in()
-        _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
-        give_out()
+    if not started:
+        return Ready(run, recv.nbytes, waits)
 
     def step() -> Callable[[bool], bool | None] | None:
         found = _resumable(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
         if found is None:
             return None
-        take_in()
+        _gather_in(work, recv, send, straight, r * block)
 
         def go(wait: bool) -> bool | None:
             done = found(work, work, wait)
-            if done:
-                give_out()
+            if done and not straight:
+                recv[...] = work.view(recv.dtype).reshape(recv.shape)
             return done
 
         return go
@@ -266,6 +263,17 @@ def _run(record, collective: str, nbytes: int, key: tuple, comm: Any, args: tupl
     if _trace._active:
         _trace.record_call(chosen.name)
     chosen.run(*args)
+
+
+def _gather_in(work: np.ndarray, recv: np.ndarray, send: np.ndarray | None, straight: bool,
+               at: int) -> None:  # fmt: skip
+    """The all-gather's bytes in ``work``: recvbuf's where it is a copy, then this rank's
+    block (from sendbuf) at byte ``at``."""
+    if not straight:
+        work[...] = np.ascontiguousarray(recv).reshape(-1).view(np.uint8)
+    if send is not None:
+        mine = np.ascontiguousarray(send).reshape(-1).view(np.uint8)
+        work[at : at + mine.size] = mine
 
 
 def _resumable(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout: float,

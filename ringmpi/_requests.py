@@ -391,7 +391,7 @@ def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter_block"
     ready = _halves.prepare_reduce_scatter(True, send, recvbuf, None, op, comm, algorithm,
-                                           timeout)  # fmt: skip
+                                           timeout, started=True)  # fmt: skip
     call = _half(name, comm, algorithm, ready, _library(name, comm, send, recvbuf, op), op)
     return _settles(call, algorithm, comm, send, recvbuf, op)
 
@@ -400,7 +400,7 @@ def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter"
     ready = _halves.prepare_reduce_scatter(False, send, recvbuf, recvcounts, op, comm, algorithm,
-                                           timeout)  # fmt: skip
+                                           timeout, started=True)  # fmt: skip
     call = _half(name, comm, algorithm, ready,
                  _library(name, comm, send, recvbuf, recvcounts, op), op)  # fmt: skip
     return _settles(call, algorithm, comm, send, recvbuf, op)
@@ -408,7 +408,7 @@ def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
 
 def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
-    ready = _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout)
+    ready = _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout, started=True)
     call = _half("Allgather", comm, algorithm, ready, _library("Allgather", comm, send, recvbuf))
     return _settles(call, algorithm, comm, None, recvbuf)
 

@@ -288,9 +288,9 @@ def _window(ctx: Context, key: tuple, lay: Layout, nbytes: int, timeout: float) 
 # type and what its fold divides by), these, then the report (the step is the pass;
 # the rank a local rank). _COUNT: the call's count; _PHASE: which passes it makes.
 (_RANK, _L, _STRIDE, _S, _PER, _SETS, _PIECES, _STREAM, _STREAM_OUT, _WIN, _ISZ, _COUNT, _PHASE,
- _AT_T, _AT_STAGE, _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 17)  # fmt: skip
-# _AT_STAGE: _NEW, or _RAISED where a call asked not to wait (_NOWAIT) returned at the
-# barrier of step _AT_T, its flag raised: the next call on the same cells goes on there.
+ _AT_T, _AT_STAGE, _NPARAMS) = range(HEADER, HEADER + 16)  # fmt: skip
+# _AT_STAGE: _NEW, or _RAISED where a call asked not to wait returned at the barrier of
+# step _AT_T, its flag raised: the next call on the same cells goes on there.
 _NEW, _RAISED = 0, 1
 # The passes: all of a one-node call; or, across nodes, publish and fold into the
 # buffer (before the rails), then store the finished slices and copy out (after).
@@ -333,26 +333,28 @@ def _put(dst8, at, src8, frm, nbytes, streaming):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _node_passes(work, src, window, scratch, work8, src8, window8, scratch8, flags, bounds, owned,
-                 theirs, divisor, params):  # fmt: skip
+def _node_passes(work, src, window, scratch, flags, bounds, owned, theirs, divisor, params,
+                 nowait):  # fmt: skip
     """The node's passes of a call, every piece, compiled, with the node's flag barrier
     between steps (see hierarchical_allreduce). ``params[_PHASE]``: ONE_NODE (publish,
     fold, copy out), GATHER (publish, fold into ``work``: the rails take it from
     there) or SPREAD (store the finished owned slices, copy out). Arrays are the
-    lanes (``work``, ``src``, ``window``, ``scratch``) and their bytes (``...8``);
-    elements are lanes."""
+    lanes (``work``, ``src``, ``window``, ``scratch``), copied as bytes; elements are
+    lanes. With ``nowait`` it returns at a barrier whose flags are not
+    all up (_AT_T, _AT_STAGE say where), and the next call goes on there."""
     code, tag, sleepy, timeout, half, avg_by, err = header(params)
     rank, nl, stride, slices = params[_RANK], params[_L], params[_STRIDE], params[_S]
     per, sets, pieces, phase = params[_PER], params[_SETS], params[_PIECES], params[_PHASE]
     streaming, stream_out = params[_STREAM] != 0, params[_STREAM_OUT] != 0
     win, isz = params[_WIN], params[_ISZ]
     starts = np.empty(nl if half else 0, np.int64)  # where a half-type fold's inputs are
+    work8, src8 = work.view(np.uint8), src.view(np.uint8)
+    window8, scratch8 = window.view(np.uint8), scratch.view(np.uint8)
     err[0] = OK
     me = rank * stride
     # ONE_NODE: step t publishes piece t, folds t - 1 and copies out t - 2; GATHER and
     # SPREAD: step t publishes (stores) piece t and folds (copies out) t - 1.
     last = pieces + 1 if phase == ONE_NODE else pieces
-    nowait = params[_NOWAIT] != 0
     first, resumed = 0, params[_AT_STAGE] == _RAISED
     if resumed:  # the work of step first is done, its flag raised
         first = params[_AT_T]
@@ -620,7 +622,7 @@ def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, t
         params[_RANK:_NPARAMS] = (lay.local_rank, lay.local_size, win.capacity // ld.itemsize,
                                   lay.slices, per * w, sets, pieces, int(streaming),
                                   int(_streams_out(work.nbytes)), win.handle, ld.itemsize,
-                                  work.size, phase, 0, _NEW, 0)  # fmt: skip
+                                  work.size, phase, 0, _NEW)  # fmt: skip
         scratch = ctx.scratch(per * work.itemsize if streaming else 0).view(ld)
         found = (
             params, np.asarray(bounds, np.int64) * w, np.asarray(lay.owned, np.int64),
@@ -628,13 +630,8 @@ def _run_passes(work, src, red, ctx, lay, win, bounds, per, sets, pieces, way, t
         )  # fmt: skip
         win.calls.put(key, found)
     params, lanes_bounds, owned, theirs, divisor, window, scratch = found
-    params[_NOWAIT] = not wait
-    try:
-        _node_passes(into, frm, window, scratch, into.view(np.uint8), frm.view(np.uint8),
-                     win.flat, scratch.view(np.uint8), win.flags, lanes_bounds, owned, theirs,
-                     divisor, params)  # fmt: skip
-    finally:
-        params[_NOWAIT] = 0
+    _node_passes(into, frm, window, scratch, win.flags, lanes_bounds, owned, theirs, divisor,
+                 params, not wait)  # fmt: skip
     if params.item(_NPARAMS) != OK:
         names = {ONE_NODE: "one-node", GATHER: "publish and fold", SPREAD: "store and copy-out"}
         _fail(params[_NPARAMS:], ctx, lay, timeout, names[phase], red, work.size)
@@ -794,10 +791,9 @@ def across_nodes(nbytes: float, nodes: int, per_node: int) -> str:
 def warm(kinds) -> None:
     """Compile (or load from Numba's cache) the node's passes for each lanes dtype."""
     i64 = numba.typeof(np.zeros(1, np.int64))
-    u8 = numba.typeof(np.zeros(1, np.uint8))
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
-        _node_passes.compile((arr, arr, arr, arr, u8, u8, u8, u8, i64, i64, i64, i64, arr, i64))
+        _node_passes.compile((arr, arr, arr, arr, i64, i64, i64, i64, arr, i64, numba.boolean))
 
 
 # Where ranks crowd the cores (8 or more per core) every node synchronisation polls

@@ -232,7 +232,7 @@ def _allreduce(work, source, data, flags, params, divisor):
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _halves(out, source, own, starts, counts, data, flags, params, divisor, gather):
+def _halves(out, source, own, starts, counts, data, flags, params, divisor, gather, nowait):
     """One node's reduce-scatter (``gather`` 0) or all-gather (1) through the window.
 
     Block r, ``counts[r]`` lanes from ``starts[r]``, is rank r's, and each piece
@@ -243,11 +243,10 @@ def _halves(out, source, own, starts, counts, data, flags, params, divisor, gath
     ``out`` from q·piece on. All-gather: a rank stores its own block's lanes
     (from ``source`` at ``own``; q = the whole set), waits, and copies the
     others' into ``out`` at their blocks. The next piece's wait frees the
-    set, as in :func:`_allreduce`; with _NOWAIT set it returns at that wait
-    and goes on from there, as :func:`_allreduce` does (_DONE: the piece)."""
+    set, as in :func:`_allreduce`; with ``nowait`` it returns at that wait and
+    goes on from there, as :func:`_allreduce` does (_DONE: the piece)."""
     code, tag, sleepy, timeout, half, avg_by, err = header(params)
     rank, size, fstride, dstride, hdr, cap, win = _shape_cells(params)
-    nowait = params[_NOWAIT] != 0
     parts = np.empty(size if half else 0, np.int64)  # the slots a half-type fold reads
     err[0] = 0
     q = cap if gather else cap // size
@@ -323,37 +322,37 @@ def shared_memory_halves(out: np.ndarray, source: np.ndarray, own: int, counts: 
     ``out`` is the whole buffer, this rank's block is in ``source`` from
     ``own``. The rank order is the local-rank order (the node is the
     communicator, split with the rank as key)."""
-    params = _halves_step(red, ctx, counts, timeout, gather)(out, source, own, True)[1]
+    shape = _shape(red, ctx, timeout)
+    _halves_call(out, source, own, _blocks(red, counts, shape[4]), shape, red, ctx, timeout,
+                 gather, True)  # fmt: skip
     if _trace._active:
-        isz = red.lanes(np.zeros(0, red.dtype)).itemsize
+        params, isz = shape[1], shape[3].itemsize
         _trace.record_shared(written=int(params[_WROTE]) * isz, read=int(params[_READ]) * isz)
 
 
-def _halves_step(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float,
-                 gather: bool):  # fmt: skip
-    """``step(out, source, own, wait) -> (done, params)``: :func:`_halves` on these
-    arrays (as :func:`shared_memory_halves` takes them), to its end or, ``wait``
-    False, as far as it goes without waiting for another rank; its errors raised."""
-    node, params, divisor, data, split = _shape(red, ctx, timeout)
-    per = red.lanes(np.zeros(1, red.dtype)).size if split else 1  # lanes an element
+def _blocks(red: Reduction, counts: Sequence[int], split: bool) -> tuple[int, Any, Any]:
+    """(lanes an element, each block's lanes, where each starts) of ``counts``."""
+    per = red.lanes(np.zeros(1, red.dtype)).size if split else 1
     lanes = np.array(counts, np.int64) * per
     starts = np.zeros(len(counts), np.int64)
     np.cumsum(lanes[:-1], out=starts[1:])
-    flags, total = node.flags, int(lanes.sum())
+    return per, lanes, starts
 
-    def step(out: np.ndarray, source: np.ndarray, own: int, wait: bool) -> tuple[bool, Any]:
-        into, frm = (red.lanes(out), red.lanes(source)) if split else (out, source)
-        params[_NOWAIT] = not wait
-        try:
-            _halves(into.reshape(-1), frm.reshape(-1), own * per, starts, lanes, data, flags,
-                    params, divisor, int(gather))  # fmt: skip
-        finally:
-            params[_NOWAIT] = 0
-        if params.item(_NPARAMS):
-            _raise(params[_NPARAMS:], total, red, ctx, timeout)
-        return params.item(_STAGE) == _NEW, params
 
-    return step
+def _halves_call(out: np.ndarray, source: np.ndarray, own: int, blocks: tuple, shape: tuple,
+                 red: Reduction, ctx: Context, timeout: float, gather: bool,
+                 wait: bool) -> bool:  # fmt: skip
+    """:func:`_halves` on these arrays (as :func:`shared_memory_halves` takes them), to
+    its end or, ``wait`` False, as far as it goes without waiting for another rank;
+    its errors raised. Whether done."""
+    node, params, divisor, data, split = shape
+    per, lanes, starts = blocks
+    into, frm = (red.lanes(out), red.lanes(source)) if split else (out, source)
+    _halves(into.reshape(-1), frm.reshape(-1), own * per, starts, lanes, data, node.flags, params,
+            divisor, int(gather), not wait)  # fmt: skip
+    if params.item(_NPARAMS):
+        _raise(params[_NPARAMS:], int(lanes.sum()), red, ctx, timeout)
+    return params.item(_STAGE) == _NEW
 
 
 def halves_resumable(gather: bool):
@@ -364,16 +363,21 @@ def halves_resumable(gather: bool):
     def resumable(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float):
         if ctx.size == 1:
             return None
-        inner, own = _halves_step(red, ctx, counts, timeout, gather), sum(counts[: ctx.rank])
+        shape = _shape(red, ctx, timeout)
+        blocks, own = _blocks(red, counts, shape[4]), sum(counts[: ctx.rank])
+
+        def inner(out: np.ndarray, source: np.ndarray, wait: bool) -> bool:
+            return _halves_call(out, source, own, blocks, shape, red, ctx, timeout, gather, wait)
+
         if gather:
-            return lambda work, source, wait: inner(work, work, own, wait)[0]
+            return lambda work, source, wait: inner(work, work, wait)
         out: list[np.ndarray] = []  # where the block is folded: its own scratch in place
 
         def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
             if not out:
                 overlaps = np.may_share_memory(work, source)
                 out.append(ctx.scratch(work.nbytes).view(work.dtype) if overlaps else work)
-            done = inner(out[0], source, own, wait)[0]
+            done = inner(out[0], source, wait)
             if done and out[0] is not work:
                 work[...] = out[0]
             return done
@@ -426,7 +430,9 @@ def warm(kinds) -> None:
     for dt in kinds:
         arr = numba.typeof(np.zeros(1, dt))
         _allreduce.compile((arr, arr, arr, i64, i64, arr))
-        _halves.compile((arr, arr, numba.int64, i64, i64, arr, i64, i64, arr, numba.int64))
+        _halves.compile(
+            (arr, arr, numba.int64, i64, i64, arr, i64, i64, arr, numba.int64, numba.boolean)
+        )
         _c_function(np.dtype(dt))
     _direct.warm()
 

@@ -23,6 +23,7 @@ goes to the library under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -172,7 +173,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
         _run(record, "reduce_scatter", src.nbytes, key, comm, (out, red, ctx, src, waits, counts))
         if not straight:
-            recv.flat[: counts[r]] = out
+            _scatter_out(recv, out)
 
     if not started:
         return Ready(run, given.nbytes, waits)
@@ -182,14 +183,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         if found is None:
             return None
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
-
-        def go(wait: bool) -> bool | None:
-            done = found(out, src, wait)
-            if done and not straight:
-                recv.flat[: counts[r]] = out
-            return done
-
-        return go
+        return _stepping(found, out, src, None if straight else (_scatter_out, recv, out))
 
     return Ready(run, given.nbytes, waits, step)
 
@@ -226,7 +220,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         _gather_in(work, recv, send, straight, r * block)
         _run(record, "allgather", work.nbytes, key, comm, (work, _BYTES, ctx, None, waits, counts))
         if not straight:
-            recv[...] = work.view(recv.dtype).reshape(recv.shape)
+            _gather_out(recv, work)
 
     if not started:
         return Ready(run, recv.nbytes, waits)
@@ -236,14 +230,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         if found is None:
             return None
         _gather_in(work, recv, send, straight, r * block)
-
-        def go(wait: bool) -> bool | None:
-            done = found(work, work, wait)
-            if done and not straight:
-                recv[...] = work.view(recv.dtype).reshape(recv.shape)
-            return done
-
-        return go
+        return _stepping(found, work, work, None if straight else (_gather_out, recv, work))
 
     return Ready(run, recv.nbytes, waits, step)
 
@@ -263,6 +250,33 @@ def _run(record, collective: str, nbytes: int, key: tuple, comm: Any, args: tupl
     if _trace._active:
         _trace.record_call(chosen.name)
     chosen.run(*args)
+
+
+def _scatter_out(recv: np.ndarray, out: np.ndarray) -> None:
+    """The reduce-scatter's block, folded on a copy, into recvbuf's first elements."""
+    recv.flat[: out.size] = out
+
+
+def _gather_out(recv: np.ndarray, work: np.ndarray) -> None:
+    """The all-gather's bytes, gathered on a copy, into recvbuf."""
+    recv[...] = work.view(recv.dtype).reshape(recv.shape)
+
+
+def _stepping(found: Callable[..., bool | None], work: np.ndarray, source: np.ndarray,
+              then: tuple | None) -> Callable[[bool], bool | None]:  # fmt: skip
+    """``step(wait)``: ``found(work, source, wait)``, and once it is done ``then``'s
+    function on its arguments (the copy out of a working copy), if any."""
+    if then is None:
+        return functools.partial(found, work, source)
+    out, *args = then
+
+    def step(wait: bool) -> bool | None:
+        done = found(work, source, wait)
+        if done:
+            out(*args)
+        return done
+
+    return step
 
 
 def _gather_in(work: np.ndarray, recv: np.ndarray, send: np.ndarray | None, straight: bool,

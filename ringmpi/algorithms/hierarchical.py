@@ -356,12 +356,13 @@ def _node_passes(work, src, window, scratch, flags, bounds, owned, theirs, divis
     # SPREAD: step t publishes (stores) piece t and folds (copies out) t - 1.
     last = pieces + 1 if phase == ONE_NODE else pieces
     first, resumed = 0, params[_AT_STAGE] == _RAISED
-    if resumed:  # the work of step first is done, its flag raised
+    if resumed:
         first = params[_AT_T]
     elif phase != SPREAD:
         _announce(flags, rank, params[_COUNT], tag)
     for t in range(first, last + 1):
-        if not (resumed and t == first):
+        again = resumed and t == first  # the step it stopped in: its work done, flag raised
+        if not again:
             if t < pieces and phase != SPREAD:  # publish piece t: its part of the others' slices
                 for jj in range(theirs.size):
                     off, lo, hi = _cut(bounds, theirs[jj], t, per, sets, slices)
@@ -418,7 +419,7 @@ def _node_passes(work, src, window, scratch, flags, bounds, owned, theirs, divis
                     at = (j % nl) * stride + off
                     _put(work8, lo * isz, window8, at * isz, (hi - lo) * isz, stream_out)
         if t < last:
-            if not (resumed and t == first):
+            if not again:
                 raise_flag(flags, rank * _FLAG_CELLS, win)
             late = all_up(flags, nl, _FLAG_CELLS, flags[rank * _FLAG_CELLS], win, sleepy, timeout,
                           nowait)  # fmt: skip

@@ -355,6 +355,13 @@ def _halves_call(out: np.ndarray, source: np.ndarray, own: int, blocks: tuple, s
     return params.item(_STAGE) == _NEW
 
 
+def _fold_into(work: np.ndarray, source: np.ndarray, ctx: Context) -> np.ndarray:
+    """Where the reduce-scatter folds this rank's block: ``work``, or in place (the fold
+    reads this rank's own operand from the input) the communicator's scratch, copied
+    to ``work`` once done."""
+    return ctx.scratch(work.nbytes).view(work.dtype) if np.may_share_memory(work, source) else work
+
+
 def halves_resumable(gather: bool):
     """The halves records' ``resumable(red, ctx, counts, timeout)``: ``step(work, source,
     wait)`` on the arrays their run takes, whether done (one rank: None, the run
@@ -371,12 +378,11 @@ def halves_resumable(gather: bool):
 
         if gather:
             return lambda work, source, wait: inner(work, work, wait)
-        out: list[np.ndarray] = []  # where the block is folded: its own scratch in place
+        out: list[np.ndarray] = []  # where the block is folded (_fold_into)
 
         def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
             if not out:
-                overlaps = np.may_share_memory(work, source)
-                out.append(ctx.scratch(work.nbytes).view(work.dtype) if overlaps else work)
+                out.append(_fold_into(work, source, ctx))
             done = inner(out[0], source, wait)
             if done and out[0] is not work:
                 work[...] = out[0]
@@ -639,8 +645,7 @@ def shared_memory_reduce_scatter(work: np.ndarray, red: Reduction, ctx: Context,
     """Through the node's window: each rank stores the others' blocks once, then folds
     its own from every rank's in rank order (the half types with one rounding)."""
     r = ctx.rank
-    # The fold reads this rank's own operand from the input: in place, it writes elsewhere.
-    out = ctx.scratch(work.nbytes).view(work.dtype) if np.may_share_memory(work, source) else work
+    out = _fold_into(work, source, ctx)
     own = sum(counts[:r])
     if ctx.size == 1:
         out[...] = source[own : own + counts[r]]

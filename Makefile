@@ -110,10 +110,13 @@ test-mpi: $(VENV)/.ok-test
 	  mark="mpi and not torch"; \
 	  case " $(MATRIX_RANKS) " in *" $$n "*) ;; *) [ "$$what" = tests ] && mark="$$mark and not matrix";; esac; \
 	  echo "== $$what at $$n rank(s) ($$mark) =="; \
+	  rm -f tests/.logs/running-*-of-$$n; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
 	    $(PY) -m pytest --with-mpi -m "$$mark" $$what \
 	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
-	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; exit 1; }; \
+	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; \
+	       for f in tests/.logs/running-*-of-$$n; do \
+	         [ -f "$$f" ] && echo "== $$f: $$(cat "$$f")"; done; exit 1; }; \
 	done
 	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 

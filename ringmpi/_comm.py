@@ -57,7 +57,6 @@ class Context:
         self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
         # auto's choice per (size, settings, ordered, half)
         self.chosen: Bounded[tuple, Algorithm] = Bounded(_CHOICES_KEPT)
-        self._node_shape: tuple[int, int] | None = None  # (nodes, largest node's ranks)
         self._scratch = np.empty(0, np.uint8)
         # Why this communicator can no longer be used (a call that timed out may
         # have left messages in flight), or None.
@@ -75,6 +74,14 @@ class Context:
         # (mpi4py's stub types Split_type as Comm's; an Intracomm's split is an Intracomm)
         self.node = cast(MPI.Intracomm, self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
         self.sleepy = wait == "sleep" or (wait == "auto" and _crowded(self.node))
+        # (nodes, largest node's ranks), agreed here, where every rank makes its context:
+        # asked for later, on a path some ranks take and others not (a call remembered
+        # on one rank, a Test), a collective would wait for ranks that never come.
+        # One Allgather of each rank's node size, negative on a node's first rank.
+        sizes = np.empty(self.size, np.int64)
+        mine = self.node.Get_size() * (-1 if self.node.Get_rank() == 0 else 1)
+        self.comm.Allgather(np.array([mine], np.int64), sizes)
+        self._node_shape = (int(np.count_nonzero(sizes < 0)), int(np.abs(sizes).max()))
         # Message tags carry the (op, dtype) code below 1024 and, above it, the count
         # modulo a prime that fits this MPI's tag range: ranks that disagree notice.
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
@@ -94,16 +101,13 @@ class Context:
     def nodes(self, settings: _settings.Settings) -> tuple[int, int]:
         """(M nodes, ranks of the largest node) of this communicator under
         ``settings``' emulated nodes (RINGMPI_RANKS_PER_NODE), without building a
-        layout. Emulated nodes follow from k alone; real ones take two small
-        collectives on first use (cached)."""
+        layout, and without a message: emulated nodes follow from k alone, real ones
+        were agreed when the context was made."""
         k, placement = settings.ranks_per_node, settings.node_placement
         n = self.size
         if k is not None:  # virtual_node's nodes (cut out of one real node)
             nodes = -(-n // k)
             return nodes, min(k, n) if placement == "block" else -(-n // nodes)
-        if self._node_shape is None:
-            nodes = self.comm.allreduce(1 if self.node.Get_rank() == 0 else 0)
-            self._node_shape = (nodes, self.comm.allreduce(self.node.Get_size(), op=MPI.MAX))
         return self._node_shape
 
     def tag(self, red: Reduction, count: int) -> int:

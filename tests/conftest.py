@@ -77,6 +77,19 @@ def pytest_configure(config: pytest.Config) -> None:
     reporter._tw = _writer(config, log)
 
 
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    """Under --with-mpi each rank keeps the test it is in in
+    ``tests/.logs/running-R-of-N``: where a run is killed (a test that hangs), make
+    prints which test each rank was in."""
+    if "--with-mpi" not in sys.argv:
+        return
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    LOGS.mkdir(exist_ok=True)
+    (LOGS / f"running-{world.Get_rank()}-of-{world.Get_size()}").write_text(nodeid + "\n")
+
+
 def _writer(config: pytest.Config, file):
     from _pytest.config import create_terminal_writer
 

@@ -160,3 +160,33 @@ def test_a_repeat_on_a_freed_communicator_is_refused():
     comm.Free()
     message = raised(TypeError, ringmpi.Allreduce, MPI.IN_PLACE, buf, comm=comm)
     agree(WORLD, says(message, "COMM_NULL"))
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("algorithm", algorithms.names())
+def test_a_call_remembered_on_some_ranks_only_stays_in_step(algorithm):
+    """Whether a call is remembered is each rank's own affair (its arrays' ids): rank 0
+    calls on the same array again and again, the others on a new one each time, so
+    only rank 0 prepares the repeat. Preparing it must send nothing: a message there
+    would wait for ranks that never send it, and the calls after it would not meet.
+    On a communicator nothing was made for yet, exact, with a timeout that names a
+    rank left waiting."""
+    comm = WORLD.Dup()
+    same = inputs(1009)
+    kept = []  # the other ranks' arrays, alive: no id comes back
+    problems = []
+    for k in range(5):
+        buf = same if RANK == 0 else inputs(1009)
+        kept.append(buf)
+        buf[...] = inputs(1009) * (k + 1)
+        try:
+            ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm, algorithm=algorithm, timeout=20)
+        except ringmpi.RingMPIError as exc:
+            problems.append(f"call {k}: {exc}")
+            break
+        problems += mismatch(f"call {k}", buf, expected(1009) * (k + 1))
+    remembered = any(e.recv() is same for e in ringmpi._repeat.entries.values())
+    if remembered != (RANK == 0):
+        problems.append(f"remembered on this rank: {remembered}")
+    comm.Free()
+    agree(WORLD, problems)

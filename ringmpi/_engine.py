@@ -546,7 +546,8 @@ def run(
         _raise(report[-CELLS:], plan, ctx, shape, algorithm, prefix, peers or range(ctx.size))
 
 
-def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0):
+def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.0, *,
+            prefix: str = "", peers=None):  # fmt: skip
     """A function ``step(work, source, wait=True)`` that carries out ``plan`` once more
     on 1-D arrays of the plan's count and dtype (``source is work``: in place), with
     the least Python: to its end (the API's repeat of a call on the same arrays,
@@ -554,7 +555,7 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
     waiting for another rank, the next call going on from there (a nonblocking
     call's tests, :mod:`ringmpi._progress`). Returns whether it is done (None, from
     a test's first step: not arrays of this call, nothing done). An empty plan (one
-    rank) only copies the contribution in."""
+    rank) only copies the contribution in. ``prefix`` and ``peers``: as for :func:`run`."""
     count, dtype = plan.count, red.dtype
     if not len(plan.table):
 
@@ -571,6 +572,7 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
         plan.table, shape.scratch, shape.divisor, shape.state, shape.report,
     )  # fmt: skip
     lanes, split = red.lanes, shape.split
+    peers = peers or range(ctx.size)
     entry = None  # the compiled loop's entry point for these arrays' types
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool = True) -> bool | None:
@@ -593,7 +595,7 @@ def prepare(plan: Plan, red: Reduction, ctx, algorithm: str, timeout: float = 0.
             entry(*args)
             state[_NOWAIT] = 0
         if report.item(-CELLS) != OK:
-            _raise(report[-CELLS:], plan, ctx, shape, algorithm, "", range(ctx.size))
+            _raise(report[-CELLS:], plan, ctx, shape, algorithm, prefix, peers)
         return state.item(_AT_STAGE) == _NEW
 
     return step

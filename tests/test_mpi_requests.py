@@ -212,17 +212,24 @@ def late_rank(start, fill, result) -> list[str]:
     return problems
 
 
+# hierarchical also across emulated nodes (at 3 ranks one of two, one of one): its
+# node passes and its rails' messages
+RESUMABLE_ON = [pytest.param(a, None, id=a) for a in RESUMABLE] + [
+    pytest.param("hierarchical", (SIZE + 1) // 2, id="hierarchical-across-nodes")
+]
+
+
 @pytest.mark.parametrize("segment", [None, 8 << 10], ids=["segments-default", "segments-8KiB"])
-@pytest.mark.parametrize("algorithm", RESUMABLE)
+@pytest.mark.parametrize(("algorithm", "nodes"), RESUMABLE_ON)
 def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings, algorithm,
-                                                                        segment):  # fmt: skip
-    """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory)
-    goes as far as it can in each Test, which never waits for another rank (nor does
-    the start): :func:`late_rank`, exact. With 8 KiB segments a step's message goes
-    in many pieces, and a call stops between them too."""
+                                                                        nodes, segment):  # fmt: skip
+    """Under ``progress="wait"`` a started all-reduce (the step engine's, shared memory,
+    hierarchical) goes as far as it can in each Test, which never waits for another
+    rank (nor does the start): :func:`late_rank`, exact. With 8 KiB segments a step's
+    message goes in many pieces, and a call stops between them too."""
     if SIZE == 1:
         pytest.skip("needs a rank that starts late")
-    settings(progress="wait", segment_bytes=segment)
+    settings(progress="wait", segment_bytes=segment, ranks_per_node=nodes)
     dup = WORLD.Dup()
     x = np.zeros(BIG)
 

@@ -474,10 +474,9 @@ def hierarchical_allreduce(
 def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None,
           timeout: float, wait: bool) -> Generator[None, bool, None]:  # fmt: skip
     """The call, as a generator: with ``wait`` False it stops (yields) where it would
-    wait for another rank of its node, and the value sent to it then says whether to
-    wait from there on. Across nodes the rails always wait (:func:`resumable` offers
-    one node only); so do a window that must grow and, on the way, a timed call's
-    agreement on its time once asked to wait."""
+    wait for another rank (at its node's barriers, at a rail's message), and the
+    value sent to it then says whether to wait from there on. A window that must grow
+    waits, and so, once asked to wait, does a timed call's agreement on its time."""
     settings = current()
     key = _nodes_of(settings)
     lay = layout(ctx, settings, timeout)
@@ -512,7 +511,8 @@ def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | N
     else:
         # Across nodes: publish and fold the whole buffer into `work`, all-reduce the
         # owned slices along their rails, then store the results and copy out.
-        _node_phase(passes, GATHER, "node reduce-scatter")
+        while not _node_phase(passes, GATHER, "node reduce-scatter", wait):
+            wait, stopped = (yield), True
         partials = red.partials()  # AVG sums across nodes and divides once, by the owner
         for j in lay.owned:
             acc = work[bounds[j] : bounds[j + 1]]
@@ -521,15 +521,22 @@ def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | N
                 build = get(across_nodes(acc.nbytes, lay.nodes, lay.slices)).plan
                 with tuning.pricing_with(tuning.pricing(lay.slices)):  # a plan may price
                     plan = rail.plan(build, acc.size, dt.itemsize)
-                _engine.run(plan, acc, partials, rail,
-                            "hierarchical", timeout, prefix=f"inter-node slice {j} ",
-                            peers=lay.rail_members[j])  # fmt: skip
+                prefix, peers = f"inter-node slice {j} ", lay.rail_members[j]
+                if wait:  # (traced there, when a trace is open)
+                    _engine.run(plan, acc, partials, rail, "hierarchical", timeout,
+                                prefix=prefix, peers=peers)  # fmt: skip
+                else:  # the rail's step engine, as far as it goes each time
+                    step = _engine.prepare(plan, partials, rail, "hierarchical", timeout,
+                                           prefix=prefix, peers=peers)  # fmt: skip
+                    while not step(acc, acc, wait):
+                        wait, stopped = (yield), True
             except RingMPIError as exc:
                 if rail.broken is not None:  # the rail's messages may be in flight
                     ctx.break_off(str(exc))
                 raise
             red.finish(acc, ctx.size)
-        _node_phase(passes, SPREAD, "node all-gather")
+        while not _node_phase(passes, SPREAD, "node all-gather", wait):
+            wait, stopped = (yield), True
     if timing is not None:
         # The node's slowest time of this call, and whether any rank stopped on the way
         # (then it is no trial: the time is the program's too), given up after the timeout.
@@ -552,12 +559,10 @@ def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | N
 
 
 def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
-    """``step(work, source, wait)``: the call of ``count`` elements on one node started,
+    """``step(work, source, wait)``: the call of ``count`` elements started,
     or carried on, as far as it goes without waiting for another rank (``wait``
     False) or to its end; whether it is done (None: not arrays of this call, nothing
-    done). The record's ``resumable``; None across nodes."""
-    if ctx.nodes(current())[0] > 1:
-        return None
+    done). The record's ``resumable``."""
     running: list[Generator[None, bool, None]] = []  # the call under way
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:

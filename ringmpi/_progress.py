@@ -41,6 +41,8 @@ from numba import types
 from . import _settings, _trace
 from ._capi import (
     _library_path,
+    load_acquire,
+    monotonic_ns,
     mpi_grequest_complete,
     mpi_status_set_cancelled,
     mpi_status_set_elements,
@@ -59,6 +61,26 @@ __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "m
 # repeat does not first carry out, or wait for, the calls queued before it.
 pending: list[Job] = []
 
+# How long the progress thread polls for the next call before it sleeps, and a Wait
+# for the thread to finish a call before it sleeps, in nanoseconds: a thread asleep
+# on a condition takes tens of microseconds to wake (a start would wake it, the
+# thread would wake the Wait), as much as a 64 KiB all-reduce hides. The thread runs
+# only where a rank has a spare core, which the polling takes.
+_POLL_NS = 1_000_000
+# A threaded queue's counters (Progress._counts): calls queued, calls finished.
+_QUEUED, _FINISHED = 0, 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _poll(counts, at, target, ns):
+    """Whether ``counts[at]`` reached ``target`` within ``ns`` nanoseconds, polling
+    without the GIL."""
+    start = monotonic_ns()
+    while load_acquire(counts, at) < target:
+        if monotonic_ns() - start > ns:
+            return False
+    return True
+
 
 class Job:
     """One queued call: ``run()``, then ``then(job)`` if given, then its request
@@ -68,8 +90,8 @@ class Job:
     ``step(True)``. A start does no work: on a core that computes meanwhile, work
     done at the start is moved, not hidden, and costs the start its speed."""
 
-    __slots__ = ("cells", "complete", "done", "error", "queue", "reported", "run", "step",
-                 "stepped", "then", "traces")  # fmt: skip
+    __slots__ = ("cells", "complete", "done", "error", "number", "queue", "reported", "run",
+                 "step", "stepped", "then", "traces")  # fmt: skip
 
     def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None,
                  step: Callable[[], Any] | None = None):  # fmt: skip
@@ -86,6 +108,7 @@ class Job:
         self.cells = 0  # else the address of its request's cells (_Mpix) that complete it
         self.reported = False  # the error was raised by Request.Wait/Test
         self.queue: Progress | None = None  # where it is queued
+        self.number = 0  # its place in a threaded queue (1, 2, ...)
 
     def execute(self) -> None:
         queue = self.queue
@@ -216,6 +239,7 @@ class Progress:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._running: Job | None = None  # carried out now, on the caller's thread
+        self._counts = np.zeros(2, np.int64)  # calls queued and finished (_QUEUED, _FINISHED)
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="ringmpi-progress",
                                             daemon=True)  # fmt: skip
@@ -231,7 +255,14 @@ class Progress:
         with self._cv:
             self._queue.append(job)
             self._pending += 1
-            self._cv.notify_all()
+            job.number = self._queued()
+            self._cv.notify_all()  # (the thread may be asleep: it polls only a while)
+
+    def _queued(self) -> int:
+        """Count one more call (or the end) queued for the thread; its number."""
+        counts = self._counts
+        counts[_QUEUED] += 1
+        return int(counts[_QUEUED])
 
     def busy(self) -> bool:
         """Whether calls are queued or running."""
@@ -277,7 +308,9 @@ class Progress:
         return True
 
     def wait(self, job: Job) -> None:
-        """Return once the thread has carried out ``job`` (sleeping meanwhile)."""
+        """Return once the thread has carried out ``job`` (polling a while, then sleeping)."""
+        if not job.done:
+            _poll(self._counts, _FINISHED, job.number, _POLL_NS)
         with self._cv:
             self._cv.wait_for(lambda: job.done)
 
@@ -292,6 +325,7 @@ class Progress:
             return
         with self._cv:
             self._queue.append(None)
+            self._queued()
             self._cv.notify_all()
         if not self.on_thread():
             assert self._thread is not None
@@ -313,15 +347,19 @@ class Progress:
                 return
 
     def _loop(self) -> None:
+        counts, taken = self._counts, 0
         while True:
+            _poll(counts, _QUEUED, taken + 1, _POLL_NS)  # the next call, before sleeping
             with self._cv:
                 self._cv.wait_for(lambda: self._queue)
                 job = self._queue.popleft()
+            taken += 1
             if job is None:
                 return
             job.execute()
             with self._cv:
                 self._pending -= 1
+                counts[_FINISHED] += 1  # (after the job is done, its request complete)
                 self._cv.notify_all()
 
 

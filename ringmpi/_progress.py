@@ -53,7 +53,7 @@ from ._capi import (
 )
 
 __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
-           "set_handle", "start", "threaded", "threads_allowed"]  # fmt: skip
+           "set_handle", "spare_core", "start", "threaded", "threads_allowed"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -62,10 +62,9 @@ __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "m
 pending: list[Job] = []
 
 # How long the progress thread polls for the next call before it sleeps, and a Wait
-# for the thread to finish a call before it sleeps, in nanoseconds: a thread asleep
-# on a condition takes tens of microseconds to wake (a start would wake it, the
-# thread would wake the Wait), as much as a 64 KiB all-reduce hides. The thread runs
-# only where a rank has a spare core, which the polling takes.
+# for the thread to finish a call before it sleeps, in nanoseconds, where the thread
+# has a spare core (spare_core): a thread asleep on a condition takes tens of
+# microseconds to wake (a start would wake it, the thread would wake the Wait).
 _POLL_NS = 1_000_000
 # A threaded queue's counters (Progress._counts): calls queued, calls finished.
 _QUEUED, _FINISHED = 0, 1
@@ -232,8 +231,11 @@ class Progress:
     """A communicator's nonblocking calls, in call order, and who carries them out:
     a progress thread (``threaded``), or the caller of :meth:`until` and :meth:`drain`."""
 
-    def __init__(self, threaded: bool) -> None:
+    def __init__(self, threaded: bool, poll: bool = False) -> None:
         self.threaded = threaded
+        # how long the thread and a Wait poll before sleeping: only where the thread
+        # has a core of its own (polling ranks and threads on too few cores take turns)
+        self._poll_ns = _POLL_NS if poll else 0
         self._queue: collections.deque[Job | None] = collections.deque()
         self._pending = 0
         self._cv = threading.Condition()
@@ -310,7 +312,7 @@ class Progress:
     def wait(self, job: Job) -> None:
         """Return once the thread has carried out ``job`` (polling a while, then sleeping)."""
         if not job.done:
-            _poll(self._counts, _FINISHED, job.number, _POLL_NS)
+            _poll(self._counts, _FINISHED, job.number, self._poll_ns)
         with self._cv:
             self._cv.wait_for(lambda: job.done)
 
@@ -347,9 +349,9 @@ class Progress:
                 return
 
     def _loop(self) -> None:
-        counts, taken = self._counts, 0
+        counts, taken, poll_ns = self._counts, 0, self._poll_ns
         while True:
-            _poll(counts, _QUEUED, taken + 1, _POLL_NS)  # the next call, before sleeping
+            _poll(counts, _QUEUED, taken + 1, poll_ns)  # the next call, before sleeping
             with self._cv:
                 self._cv.wait_for(lambda: self._queue)
                 job = self._queue.popleft()
@@ -380,16 +382,20 @@ def mode(ctx) -> str:
         if setting == "thread":
             warn_no_threads()
         return "wait"
-    if setting == "thread":
+    if setting == "thread" or spare_core(ctx):
         return "thread"
+    return "wait" if _MPIX.usable() else "library"
+
+
+def spare_core(ctx) -> bool:
+    """Whether this rank has a core for a progress thread: two cores of its own where
+    it is bound to some, else twice as many cores on the node as ranks."""
     try:
         mine = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         mine = os.cpu_count() or 1
     node = os.cpu_count() or 1
-    if (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size()):
-        return "thread"
-    return "wait" if _MPIX.usable() else "library"
+    return (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size())
 
 
 def threaded(ctx) -> bool:
@@ -436,7 +442,8 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
     is False (``job.then`` reports instead)."""
     progress = ctx.progress
     if progress is None:
-        progress = ctx.progress = Progress(mode(ctx) == "thread")
+        threaded = mode(ctx) == "thread"
+        progress = ctx.progress = Progress(threaded, poll=threaded and spare_core(ctx))
     req = None
     if request:
         req = Request() if into is None else into

@@ -311,7 +311,7 @@ class Progress:
 
     def wait(self, job: Job) -> None:
         """Return once the thread has carried out ``job`` (polling a while, then sleeping)."""
-        if not job.done:
+        if self._poll_ns and not job.done:
             _poll(self._counts, _FINISHED, job.number, self._poll_ns)
         with self._cv:
             self._cv.wait_for(lambda: job.done)
@@ -351,7 +351,8 @@ class Progress:
     def _loop(self) -> None:
         counts, taken, poll_ns = self._counts, 0, self._poll_ns
         while True:
-            _poll(counts, _QUEUED, taken + 1, poll_ns)  # the next call, before sleeping
+            if poll_ns:  # the next call, before sleeping
+                _poll(counts, _QUEUED, taken + 1, poll_ns)
             with self._cv:
                 self._cv.wait_for(lambda: self._queue)
                 job = self._queue.popleft()

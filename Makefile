@@ -73,8 +73,8 @@ test: test-unit test-mpi test-mpi4py
 # the test's own process), the MPI suite at 2 and 3 ranks, mpi4py's tests at 2 and 3.
 FAMILY_RANKS ?= 2 3
 # The exactness matrices (marker matrix) check ringmpi's own arithmetic, the same under
-# every family: a second family runs them at 3 ranks (uneven chunks), not at 2 as well.
-FAMILY_MATRIX_RANKS ?= 3
+# every family: checked once, under MPICH; a second family runs the rest of the suite.
+FAMILY_MATRIX_RANKS ?=
 # The hierarchical layouts of 6-8 ranks are checked under MPICH; a second family runs
 # test_mpi_hierarchical.py's emulated nodes within the suite at 3 ranks.
 FAMILY_HIER_RANKS ?=
@@ -97,22 +97,29 @@ test-unit: $(VENV)/.ok-test
 	$(PY) -m ringmpi shm --since $(SHM_BEFORE)
 
 # The MPI suite at 1-5 ranks (odd and non-power-of-two counts give uneven chunks), then
-# the hierarchical layouts at 6-8. The exactness matrices (marker matrix) at 1-4: 3 is
-# already an odd, prime count with uneven chunks, and 6-8 take the hierarchical layouts
-# further; at 5 ranks (2.5 a core here) they took 6 of the suite's 20 minutes.
-MATRIX_RANKS ?= 1 2 3 4
+# the hierarchical layouts at 6-8. The exactness matrices (marker matrix: every op,
+# dtype and algorithm) at 1-3: one rank, two, and an odd, prime count with uneven
+# chunks. What a rank count changes is the schedule, which tests/test_plans.py
+# simulates for every plan at 1-9 ranks (and counts its steps and bytes at 1-16); the
+# rest of the suite runs every algorithm at 4 and 5 ranks too, and 6-8 take the
+# hierarchical layouts further.
+MATRIX_RANKS ?= 1 2 3
+# The MPI suite's modules: each rank collects these alone (the MPI-free modules'
+# thousands of cases would cost every rank of every run seconds to collect).
+MPI_SUITE := $(wildcard tests/test_mpi_*.py)
 
 test-mpi: $(VENV)/.ok-test
 	@mkdir -p tests/.logs && $(PY) -m ringmpi shm --snapshot $(SHM_BEFORE)
 	@for run in $(foreach n,$(RANKS),$(n):tests) \
 	            $(foreach n,$(HIER_RANKS),$(n):tests/test_mpi_hierarchical.py); do \
-	  n=$${run%%:*}; what=$${run#*:}; \
+	  n=$${run%%:*}; what=$${run#*:}; files=$$what; \
 	  mark="mpi and not torch"; \
 	  case " $(MATRIX_RANKS) " in *" $$n "*) ;; *) [ "$$what" = tests ] && mark="$$mark and not matrix";; esac; \
+	  [ "$$what" = tests ] && files="$(MPI_SUITE)"; \
 	  echo "== $$what at $$n rank(s) ($$mark) =="; \
 	  rm -f tests/.logs/running-*-of-$$n; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m "$$mark" $$what \
+	    $(PY) -m pytest --with-mpi -m "$$mark" $$files \
 	  || { for f in tests/.logs/rank-*-of-$$n.log; do \
 	         [ -f "$$f" ] && { echo "== $$f"; tail -n 40 "$$f"; }; done; \
 	       for f in tests/.logs/running-*-of-$$n; do \

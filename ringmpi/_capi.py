@@ -39,6 +39,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _numba_cache  # noqa: F401  (its cache, safe for processes compiling at once)
+
 __all__ = ["Abi", "abi", "handle"]
 
 _I32, _I64 = ir.IntType(32), ir.IntType(64)

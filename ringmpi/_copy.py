@@ -15,6 +15,8 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic
 
+from . import _numba_cache  # noqa: F401  (its cache, safe for processes compiling at once)
+
 __all__ = ["copy", "copy_bytes", "stream_bytes"]
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")

@@ -650,11 +650,10 @@ def lane_kinds(red: Reduction | None) -> set[np.dtype]:
     return set(DTYPES) | {np.dtype(np.float32), np.dtype(np.float64)}
 
 
-def warm(red: Reduction | None = None) -> float:
-    """Compile (or load from Numba's cache) the engine for ``red``'s dtype, or for
-    every dtype when None; returns the seconds it took."""
+def warm(kinds: set[np.dtype]) -> float:
+    """Compile (or load from Numba's cache) the engine for the lanes dtypes ``kinds``
+    (:func:`lane_kinds`); returns the seconds it took."""
     t0 = time.perf_counter()
-    kinds = lane_kinds(red)
     table = np.zeros((0, 9), np.int64)
     i64, i32, u8 = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.uint8)
     for dt in kinds:

@@ -13,6 +13,8 @@ import numba
 from numba import types
 from numba.extending import overload
 
+from . import _numba_cache  # noqa: F401  (its cache, safe for processes compiling at once)
+
 __all__ = [
     "OP_BAND",
     "OP_BOR",

@@ -21,7 +21,7 @@ import ringmpi
 from ringmpi import algorithms, kernels, verify
 from ringmpi.algorithms import shared
 
-# matrix: the exactness matrices, which make test-family runs at one rank count
+# matrix: the exactness matrices, run at MATRIX_RANKS under MPICH only (Makefile)
 pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 # From the registry, so that a new algorithm enters the matrix; but for those with a

@@ -22,10 +22,7 @@ import pytest
 from conftest import agree
 from mpi4py import MPI
 
-pytest.importorskip("sklearn")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-sys.path.insert(0, str(EXAMPLES))
-import train_digits  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -34,7 +31,18 @@ STEPS = 100
 
 
 @pytest.fixture(scope="module")
-def one_process():
+def train_digits():
+    """The example, imported when a test runs (scikit-learn takes seconds to import:
+    not at every collection of the suite, on every rank)."""
+    pytest.importorskip("sklearn")
+    sys.path.insert(0, str(EXAMPLES))
+    import train_digits
+
+    return train_digits
+
+
+@pytest.fixture(scope="module")
+def one_process(train_digits):
     """The weights one process reaches on the full global batches (no communication)."""
     params, losses = train_digits.train(MPI.COMM_SELF, steps=STEPS)
     return params, losses
@@ -50,7 +58,7 @@ def farthest(params, reference) -> float:
     return max(float(np.abs(p - r).max()) for p, r in zip(params, reference, strict=True))
 
 
-def test_n_ranks_reach_the_one_process_weights(one_process):
+def test_n_ranks_reach_the_one_process_weights(train_digits, one_process):
     params, losses = train_digits.train(WORLD, steps=STEPS)
     reference, ref_losses = one_process
     problems = identical_on_every_rank(params)
@@ -64,7 +72,7 @@ def test_n_ranks_reach_the_one_process_weights(one_process):
     agree(WORLD, problems)
 
 
-def test_bfloat16_on_the_wire(one_process):
+def test_bfloat16_on_the_wire(train_digits, one_process):
     pytest.importorskip("ml_dtypes")
     params, _ = train_digits.train(WORLD, steps=STEPS, bfloat16=True)
     reference, _ = one_process

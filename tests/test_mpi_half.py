@@ -31,7 +31,7 @@ import ringmpi
 from ringmpi import algorithms, kernels
 from ringmpi.schedule import chunk_bounds
 
-# matrix: the exactness matrices, which make test-family runs at one rank count
+# matrix: the exactness matrices, run at MATRIX_RANKS under MPICH only (Makefile)
 pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD

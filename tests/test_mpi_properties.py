@@ -41,7 +41,7 @@ from mpi4py import MPI
 import ringmpi
 from ringmpi import algorithms, kernels
 
-# matrix: the exactness matrices, which make test-family runs at one rank count
+# matrix: the exactness matrices, run at MATRIX_RANKS under MPICH only (Makefile)
 pytestmark = [pytest.mark.mpi, pytest.mark.matrix]
 
 WORLD = MPI.COMM_WORLD

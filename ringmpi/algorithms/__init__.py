@@ -206,14 +206,16 @@ def predict(costs: tuning.Costs, name: str, n: float, p: int, nodes: int = 1,
     return tuning.predict(costs, get(name), n, p, nodes, per_node)
 
 
-def warm(red: Reduction | None = None, record: Algorithm | None = None) -> float:
+def warm(red: Reduction | None = None, record: Algorithm | None = None,
+         kinds: set[np.dtype] | None = None) -> float:  # fmt: skip
     """Compile (or load from Numba's cache) the compiled loops of ``record`` (every
-    algorithm when None) for ``red``'s dtype, or for every dtype when None; returns
-    the seconds it took."""
+    algorithm when None) for ``red``'s dtype, or for every dtype when None (or for
+    the lanes dtypes ``kinds``); returns the seconds it took."""
     t0 = time.perf_counter()
-    kinds: set[np.dtype] = _engine.lane_kinds(red)
+    if kinds is None:
+        kinds = _engine.lane_kinds(red)
     if record is None or record.plan is not None:
-        _engine.warm(red)
+        _engine.warm(kinds)
     for a in records() if record is None else [record]:
         if a.warm is not None:
             a.warm(kinds)

@@ -2,19 +2,24 @@
 
 ``--warm`` compiles (or loads) what a call can reach, for every (op, dtype):
 each reduction's own kernels (:meth:`~ringmpi.kernels.Reduction.warm`), the
-copies, and every algorithm's compiled loops. Without it, times the SUM kernel
+copies, and every algorithm's compiled loops; in ``--jobs`` processes at once,
+each taking its share of the dtypes. Without it, times the SUM kernel
 the compiled loops run (``combine_by_code``) against ``np.add``, and the copies
 against ``np.copyto``; figures and their commands: docs/performance.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
+import subprocess
+import sys
 import time
 
 import numba
 import numpy as np
 
-from ringmpi import algorithms
+from ringmpi import _engine, algorithms
 from ringmpi._copy import copy
 from ringmpi._half import HALF_NAMES
 from ringmpi._ops import OP_SUM, combine_by_code
@@ -32,18 +37,38 @@ def _combine(acc, inp, code, reverse):
     combine_by_code(acc, inp, code, reverse)
 
 
-def _warm() -> int:
-    """Warm every (op, dtype) and every compiled loop; the number of pairs."""
+def _warm(part: int = 0, parts: int = 1) -> int:
+    """Warm every (op, dtype) and every compiled loop, or share ``part`` of ``parts``
+    (a dtype's lanes and all they need in one share); the number of pairs."""
+    kinds = sorted(_engine.lane_kinds(None), key=str)
+    mine = set(kinds[part::parts])
     n = 0
     for spec in _OPS:
         halves = HALF_NAMES if spec.name in HALF_OPS else ()
         for dt in (*spec.dtypes, *halves):
-            reduction(spec.op, dt).warm()
-            n += 1
-    for streaming in (False, True):
-        copy(np.zeros(8, np.uint8), np.ones(8, np.uint8), streaming)
-    algorithms.warm()
+            red = reduction(spec.op, dt)
+            if _engine.lane_kinds(red) & mine:
+                red.warm()
+                n += 1
+    if part == 0:
+        for streaming in (False, True):
+            copy(np.zeros(8, np.uint8), np.ones(8, np.uint8), streaming)
+    algorithms.warm(kinds=mine)
     return n
+
+
+def _warm_on_cores(jobs: int) -> int:
+    """:func:`_warm` in ``jobs`` processes at once (Numba's cache takes several writers:
+    ringmpi._numba_cache); the number of pairs, or -1 where a process failed."""
+    if jobs == 1:
+        return _warm()
+    cmd = [sys.executable, "-m", "ringmpi", "kernels", "--warm", "--jobs", str(jobs), "--part"]
+    procs = [subprocess.Popen([*cmd, str(i)], stdout=subprocess.PIPE, text=True)
+             for i in range(jobs)]  # fmt: skip
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        return -1
+    return sum(int(out.split()[0]) for out in outs)
 
 
 def _bench(nbytes: int, reps: int) -> None:
@@ -79,6 +104,20 @@ def _bench(nbytes: int, reps: int) -> None:
     print(f"  kernel speed relative to np.add: {ratio:.3f}")
 
 
+# More processes than lanes dtypes would have nothing to compile; each takes about
+# 0.7 GB while it compiles.
+_MOST_JOBS = 8
+
+
+def _cores() -> int:
+    """The cores this process may run on, at most _MOST_JOBS."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, _MOST_JOBS))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Warm the cache (``--warm``) or run the kernel benchmark; the exit status."""
     parser = command_parser("kernels", __doc__)
@@ -86,16 +125,29 @@ def main(argv: list[str] | None = None) -> int:
         "--warm", action="store_true", help="compile every (op, dtype) and every compiled loop"
     )
     parser.add_argument(
+        "--jobs", type=whole(1), default=_cores(),
+        help=f"processes compiling at once for --warm: this process's cores, at most {_MOST_JOBS}",
+    )  # fmt: skip
+    parser.add_argument("--part", type=whole(0), help=argparse.SUPPRESS)  # one of --jobs
+    parser.add_argument(
         "--bytes", type=parse_size, default=16 << 20, help="benchmark size, e.g. 64K, 16M"
     )
     parser.add_argument("--reps", type=whole(1), default=50, help="timed calls of each kernel")
     args = parser.parse_args(argv)
     if args.bytes < 4:
         parser.error(f"--bytes {args.bytes}: at least 4 (one float32)")
+    if args.part is not None:
+        if not args.warm or args.part >= args.jobs:
+            parser.error(f"--part {args.part}: one of --warm's --jobs {args.jobs} shares")
+        print(_warm(args.part, args.jobs))
+        return 0
     if args.warm:
         t0 = time.perf_counter()
-        n = _warm()
-        print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s")
+        n = _warm_on_cores(args.jobs)
+        if n < 0:
+            return 1
+        print(f"{n} (op, dtype) kernels ready in {time.perf_counter() - t0:.1f} s "
+              f"({args.jobs} process{'es' if args.jobs > 1 else ''})")  # fmt: skip
         return 0
     _bench(args.bytes, args.reps)
     return 0

@@ -206,9 +206,8 @@ def _resident() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-# What leaks would leak at any rank count: checked once per family, at 2 ranks (a
-# core each here; oversubscribed, the 12,000 calls of each case take seconds).
-@pytest.mark.skipif(SIZE != 2, reason="memory over many calls: checked at 2 ranks")
+# What leaks would leak at any rank count: checked once per family, at 3 ranks.
+@pytest.mark.skipif(SIZE != 3, reason="memory over many calls: checked at 3 ranks")
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", ["same-array", "new-arrays"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -16,6 +16,7 @@ Every ringmpi module that compiles imports this one first (through
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -42,7 +43,9 @@ def locked(method: Any) -> Any:
         except (AttributeError, OSError):  # not a folder's cache file as we know it
             return method(self, *args)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            # (a file system without locks, as some NFS: unlocked, Numba's own way)
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
             return method(self, *args)
         finally:
             os.close(fd)  # (closing releases the lock)

@@ -10,7 +10,7 @@ import threading
 
 from numba.core import caching
 
-import ringmpi._ops  # noqa: F401  (a module that compiles: it installs the lock)
+import ringmpi._ops  # a module that compiles: it installs the lock
 
 
 def test_an_index_update_waits_for_the_folder_lock(tmp_path):
@@ -33,3 +33,39 @@ def test_an_index_update_waits_for_the_folder_lock(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "f-1.py311.1.nbc", "f-1.py311.2.nbc", "f-1.py311.nbi"
     ]  # fmt: skip
+
+
+def test_every_module_that_compiles_installs_the_lock_first():
+    """Each ringmpi module that imports Numba imports ringmpi._numba_cache, directly or
+    through the package modules it imports (read from the sources: no import here)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(ringmpi._ops.__file__).parent
+    imports: dict[str, set[str]] = {}
+    compiles = set()
+    for path in root.rglob("*.py"):
+        name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = imports.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([base] if base else [])])
+                mods = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found.update(m for m in mods if m.startswith("ringmpi"))
+            compiles |= {name} if any(m.split(".")[0] == "numba" for m in mods) else set()
+
+    def reaches(name: str, seen: set[str]) -> bool:
+        if name == "ringmpi._numba_cache":
+            return True
+        seen.add(name)
+        return any(reaches(m, seen) for m in imports.get(name, ()) if m not in seen)
+
+    assert compiles and not [m for m in sorted(compiles) if not reaches(m, set())]

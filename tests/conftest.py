@@ -56,6 +56,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _session_sweep.close()
+    running = _running_file()
+    if running is not None:  # the run ended: no test to name as the one it hung in
+        running.unlink(missing_ok=True)
 
 
 @pytest.hookimpl(trylast=True)
@@ -79,15 +82,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     """Under --with-mpi each rank keeps the test it is in in
-    ``tests/.logs/running-R-of-N``: where a run is killed (a test that hangs), make
-    prints which test each rank was in."""
+    ``tests/.logs/running-R-of-N`` (removed when the run ends): where a run is killed
+    (a test that hangs), make prints which test each rank was in."""
+    running = _running_file()
+    if running is not None:
+        LOGS.mkdir(exist_ok=True)
+        running.write_text(nodeid + "\n")
+
+
+def _running_file() -> Path | None:
+    """``tests/.logs/running-R-of-N`` under --with-mpi, else None."""
     if "--with-mpi" not in sys.argv:
-        return
+        return None
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    LOGS.mkdir(exist_ok=True)
-    (LOGS / f"running-{world.Get_rank()}-of-{world.Get_size()}").write_text(nodeid + "\n")
+    return LOGS / f"running-{world.Get_rank()}-of-{world.Get_size()}"
 
 
 def _writer(config: pytest.Config, file):

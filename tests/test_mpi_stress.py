@@ -190,15 +190,18 @@ def test_count_above_2_31(big_buffer, algorithm, capsys):
 # --- many tiny calls: resident memory stays flat -----------------------------------
 # MPICH's allredmany: 10,000 back-to-back one-element calls. Both ways a program
 # makes them: the same array again and again (the repeat path) and a new array each
-# time (the full path). After a warm-up of the same calls, resident memory may grow by
-# FLAT_BYTES at most over the 10,000: 32 pages, less than 14 bytes a call, so even
-# the smallest leak a call could make -- one Python object (16 bytes and more), one
-# NumPy array or MPI request (about 100 bytes and more) -- fails it, while the
-# allocators' page-sized growth steps pass.
+# time (the full path). A leak grows with every call; the allocators (Python's, the
+# MPI library's pools) grow in steps, now and then. So after a warm-up the 10,000 calls
+# are measured as WINDOWS windows of 2,500, and the window that grew least may grow by
+# FLAT_BYTES at most: 8 pages, less than 14 bytes a call, so even the smallest leak a
+# call could make -- one Python object (16 bytes and more), one NumPy array or MPI
+# request (about 100 bytes and more) -- grows every window above it, while a pool's
+# step (Open MPI's grew 160-228 KiB once in 10,000 calls on new arrays) lands in one.
 
 MANY = 10_000
+WINDOWS = 4
 WARM_UP = 2_000
-FLAT_BYTES = 32 * 4096
+FLAT_BYTES = 8 * 4096
 
 
 def _resident() -> int:
@@ -230,12 +233,15 @@ def test_many_tiny_calls_keep_memory_flat(algorithm, path):
         return wrong
 
     wrong = calls(WARM_UP)
-    start = _resident()
-    wrong += calls(MANY)
-    grown = _resident() - start
+    grown = []
+    for _ in range(WINDOWS):
+        start = _resident()
+        wrong += calls(MANY // WINDOWS)
+        grown.append(_resident() - start)
     problems = [f"{wrong} wrong results"] if wrong else []
-    if grown > FLAT_BYTES:
-        problems.append(f"resident memory grew {grown // 1024} KiB over {MANY} calls")
+    if min(grown) > FLAT_BYTES:
+        problems.append(f"resident memory grew in every window of {MANY // WINDOWS} calls "
+                        f"(KiB: {', '.join(str(g // 1024) for g in grown)})")  # fmt: skip
     agree(WORLD, problems)
 
 

@@ -52,8 +52,9 @@ from ._capi import (
     poke,
 )
 
-__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode", "progressed",
-           "set_handle", "spare_core", "start", "threaded", "threads_allowed"]  # fmt: skip
+__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode",
+           "own_cores", "progressed", "set_handle", "spare_core", "start", "threaded",
+           "threads_allowed"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -388,13 +389,19 @@ def mode(ctx) -> str:
     return "wait" if _MPIX.usable() else "library"
 
 
+def own_cores() -> int:
+    """The cores this process may run on: its affinity (the machine's cores where that
+    is not known)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def spare_core(ctx) -> bool:
     """Whether this rank has a core for a progress thread: two cores of its own where
     it is bound to some, else twice as many cores on the node as ranks."""
-    try:
-        mine = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        mine = os.cpu_count() or 1
+    mine = own_cores()
     node = os.cpu_count() or 1
     return (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size())
 

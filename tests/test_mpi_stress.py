@@ -196,7 +196,8 @@ def test_count_above_2_31(big_buffer, algorithm, capsys):
 # FLAT_BYTES at most: 8 pages, less than 14 bytes a call, so even the smallest leak a
 # call could make -- one Python object (16 bytes and more), one NumPy array or MPI
 # request (about 100 bytes and more) -- grows every window above it, while a pool's
-# step (Open MPI's grew 160-228 KiB once in 10,000 calls on new arrays) lands in one.
+# steps land in few (Open MPI's own call on new arrays: 160 KiB over one run's 10,000
+# calls; in windows of 2,500, 0-12 KiB and once 52 KiB).
 
 MANY = 10_000
 WINDOWS = 4

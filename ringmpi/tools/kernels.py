@@ -11,7 +11,6 @@ against ``np.copyto``; figures and their commands: docs/performance.md.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from ringmpi import _engine, algorithms
 from ringmpi._copy import copy
 from ringmpi._half import HALF_NAMES
 from ringmpi._ops import OP_SUM, combine_by_code
+from ringmpi._progress import own_cores
 from ringmpi.kernels import _OPS, HALF_OPS, reduction
 
 from . import command_parser
@@ -109,15 +109,6 @@ def _bench(nbytes: int, reps: int) -> None:
 _MOST_JOBS = 8
 
 
-def _cores() -> int:
-    """The cores this process may run on, at most _MOST_JOBS."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, _MOST_JOBS))
-
-
 def main(argv: list[str] | None = None) -> int:
     """Warm the cache (``--warm``) or run the kernel benchmark; the exit status."""
     parser = command_parser("kernels", __doc__)
@@ -125,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "--warm", action="store_true", help="compile every (op, dtype) and every compiled loop"
     )
     parser.add_argument(
-        "--jobs", type=whole(1), default=_cores(),
+        "--jobs", type=whole(1), default=min(own_cores(), _MOST_JOBS),
         help=f"processes compiling at once for --warm: this process's cores, at most {_MOST_JOBS}",
     )  # fmt: skip
     parser.add_argument("--part", type=whole(0), help=argparse.SUPPRESS)  # one of --jobs

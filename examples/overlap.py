@@ -1,6 +1,6 @@
 """Computation overlapped with a nonblocking all-reduce, against the two in sequence.
 
-    mpirun -n 2 python examples/overlap.py [--compute matmul|sleep]
+    mpirun -n 2 python examples/overlap.py [--compute matmul|sleep] [--rounds 9]
 
 Each size (float32 SUM, in place): the blocking all-reduce alone (``comm``), a
 computation of about the same length alone (``compute``: NumPy matrix products,
@@ -9,7 +9,8 @@ leaves the cores free, as a GPU kernel or a disk read does), then the two in
 sequence (``ringmpi.Allreduce`` then the computation) and overlapped
 (``ringmpi.Iallreduce``, the computation, ``Wait``), and the library's own
 ``comm.Iallreduce`` overlapped the same way.
-The rounds take turns; a round's time is the slowest rank's; medians of 9.
+The rounds take turns; a round's time is the slowest rank's; medians of
+``--rounds`` (9).
 ``hidden`` is the share of the shorter of the two that overlapping saved:
 (sequence - overlapped) / min(comm, compute). ``start us`` is what the
 overlapped rounds' ``Iallreduce`` call itself took, ringmpi's and mpi4py's
@@ -29,13 +30,14 @@ import ringmpi
 from ringmpi import verify
 
 SIZES = [64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
-ROUNDS = 9
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--compute", choices=["matmul", "sleep"], default="matmul")
-    sleep = parser.parse_args().compute == "sleep"
+    parser.add_argument("--rounds", type=int, default=9, help="rounds of each (default 9)")
+    args = parser.parse_args()
+    sleep, rounds = args.compute == "sleep", max(1, args.rounds)
     comm = MPI.COMM_WORLD
     a = np.random.default_rng(comm.rank).random((192, 192))
     if comm.rank == 0:
@@ -79,7 +81,7 @@ def main() -> None:
         paths = {"comm": lambda x=x: ringmpi.Allreduce(MPI.IN_PLACE, x), "compute": compute,
                  "sequence": sequence, "overlap": overlapped, "library": library}  # fmt: skip
         times: dict[str, list[float]] = {k: [] for k in paths}
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for name, call in paths.items():
                 times[name].append(_timed(comm, call, 1))
         x[...] = verify.verify_inputs(MPI.SUM, "float32", comm.rank, x.size)
@@ -88,7 +90,7 @@ def main() -> None:
         req.Wait()
         exact = verify.verify_expected(MPI.SUM, "float32", comm.size, x.size)
         ok = comm.allreduce(bool(np.array_equal(x, exact)), op=MPI.LAND)
-        start = {k: comm.allreduce(float(np.median(v[:ROUNDS])), op=MPI.MAX) * 1e6
+        start = {k: comm.allreduce(float(np.median(v[:rounds])), op=MPI.MAX) * 1e6
                  for k, v in starts.items()}  # fmt: skip
         if comm.rank == 0:
             t = {k: float(np.median(v)) * 1e3 for k, v in times.items()}

@@ -30,7 +30,7 @@ class Bounded(dict[K, V]):
     def put(self, key: K, value: V) -> V:
         if len(self) >= self.limit:
             for old in list(self)[: max(1, self.limit // 2)]:
-                del self[old]
+                self.pop(old, None)  # (another thread may have forgotten it first)
         self[key] = value
         return value
 

@@ -327,6 +327,16 @@ def py_incref(typingctx, obj):
     return types.none(types.int64), codegen
 
 
+@intrinsic
+def py_long(typingctx, value):
+    """PyLong_FromLongLong(value): a new reference (an int), or 0 with the exception set."""
+
+    def codegen(context, builder, sig, args):
+        return builder.call(_declare(builder, "PyLong_FromLongLong", _I64, [_I64]), [args[0]])
+
+    return types.int64(types.int64), codegen
+
+
 _CLOCK_MONOTONIC = 1  # Linux's clockid_t for CLOCK_MONOTONIC
 
 

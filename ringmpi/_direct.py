@@ -23,8 +23,8 @@ call is queued (which a repeat would overtake). Entries are
 forgotten with the API's remembered calls when a communicator is freed or
 broken off (``_cache.changed``).
 
-This needs CPython with the GIL (the GIL guards the table; the field offsets
-below are checked on a real array first). Elsewhere ``ringmpi.Allreduce`` is
+This needs CPython with the GIL (the GIL guards the table; the field offsets,
+in :mod:`ringmpi._builtins`, are checked on a real array first). Elsewhere ``ringmpi.Allreduce`` is
 the Python function itself, and only this shortcut is missing.
 """
 
@@ -40,11 +40,11 @@ from typing import Any
 import numba
 import numpy as np
 from mpi4py import MPI
-from numba import types
 from numba.extending import overload
 from numba.np.numpy_support import as_dtype
 
-from . import _cache, _progress, _settings, _trace
+from . import _builtins, _cache, _progress, _settings, _trace
+from ._builtins import _DATA, _DESCR, _FLAGS, _ITEMS, _LEN, _NDIM, _READ, _SHAPE, _WRITE, compiled
 from ._capi import (
     CELL_COMM,
     CELL_COUNT,
@@ -69,12 +69,6 @@ __all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
 
-# A PyObject's header (reference count, type), then NumPy's PyArrayObject fields.
-_DATA, _NDIM, _SHAPE, _DESCR, _FLAGS = 16, 24, 32, 56, 64
-_C_CONTIGUOUS, _ALIGNED, _WRITEABLE = 0x1, 0x100, 0x400  # NPY_ARRAY_* flags
-_READ, _WRITE = _C_CONTIGUOUS | _ALIGNED, _C_CONTIGUOUS | _ALIGNED | _WRITEABLE
-_METH_FASTCALL_KEYWORDS = 0x80 | 0x2
-
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
 (IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES, PYTHON,
@@ -85,9 +79,6 @@ _HEADER = 12
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
  SETTINGS) = range(11)  # fmt: skip
 _WIDTH = 11
-# A list's length and the address of its items (PyListObject); a tuple's items lie
-# in the object itself, from _ITEMS on (PyTupleObject: the keywords' names).
-_LEN, _ITEMS = 16, 24
 # What the lookup returns when no remembered call matches (not an object's address).
 _MISS = -1
 # A method's cells (see method): the table, and the method's Python function.
@@ -97,94 +88,17 @@ _SLOTS = 256
 C_CELLS, C_DESCR, C_NONE, C_RAISE, C_ERROR, C_PYTHON = range(6)
 
 
-class _Holder(np.ndarray):
-    """A builtin's ``self``: its cells (the array's data), among them the address
-    of the Python function that the C function hands every other call to; called,
-    that function (what the builtin runs before its C function is compiled: its
-    first C function is PyObject_Vectorcall, on ``self``)."""
-
-    failed: Callable[[], None]  # raises MPI.Exception for the error code in the cells
-    method: Any  # the builtin's PyMethodDef, kept as long as the builtin
-    cells: np.ndarray  # a caller's call, kept as long as the builtin
-    table: np.ndarray  # a method's table, kept as long as the builtin
-    _python: Callable[..., Any]
-    _cell: int
-
-    @property
-    def python(self) -> Callable[..., Any]:
-        return self._python
-
-    @python.setter
-    def python(self, fn: Callable[..., Any]) -> None:
-        self._python = fn  # kept: its address is in the cells
-        self[self._cell] = id(fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._python(*args, **kwargs)
-
-
-def _holder(cells: int, python: Callable[..., Any], error: int, cell: int) -> _Holder:
-    holder = np.zeros(cells, np.int64).view(_Holder)
-    holder._cell = cell
-    holder.python = python
-
-    def failed() -> None:
-        raise MPI.Exception(int(holder[error]))
-
-    holder.failed = failed
-    return holder
-
-
-def _builtin(name: str, doc: str | None, module: str, holder: _Holder, meth: int) -> Any:
-    """A builtin function (METH_FASTCALL | METH_KEYWORDS) of C function ``meth``,
-    whose ``self`` is ``holder``."""
-    holder.method = _MethodDef(name.encode(), meth, _METH_FASTCALL_KEYWORDS,
-                               (doc or "").encode())  # fmt: skip
-    new = ctypes.pythonapi.PyCFunction_NewEx
-    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.py_object,
-                                                   ctypes.py_object]  # fmt: skip
-    return new(ctypes.addressof(holder.method), holder, module)
-
-
-class _MethodDef(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("meth", ctypes.c_void_p),
-                ("flags", ctypes.c_int), ("doc", ctypes.c_char_p)]  # fmt: skip
-
-
 _state: dict[str, Any] = {}
 _kept: dict[int, tuple] = {}  # slot -> what keeps its addresses unique
-
-
-def _layout_ok() -> bool:
-    """Whether this interpreter and NumPy lay an array out as the offsets above say."""
-    if sys.implementation.name != "cpython" or not getattr(sys, "_is_gil_enabled", lambda: True)():
-        return False
-    if np.dtype(np.intp).itemsize != 8 or not hasattr(ctypes.pythonapi, "PyObject_Vectorcall"):
-        return False
-    a = np.zeros((3, 5), np.float32)[::2]  # not contiguous: flags tell
-    peek = lambda off, t=ctypes.c_int64: t.from_address(id(a) + off).value  # noqa: E731
-    shape = ctypes.cast(peek(_SHAPE), ctypes.POINTER(ctypes.c_int64))
-    items = [a]
-    peek_list = lambda off: ctypes.c_int64.from_address(id(items) + off).value  # noqa: E731
-    return (
-        peek_list(_LEN) == 1
-        and ctypes.c_int64.from_address(peek_list(_ITEMS)).value == id(a)
-        and peek(_DATA) == a.ctypes.data
-        and peek(_NDIM, ctypes.c_int32) == 2
-        and (shape[0], shape[1]) == a.shape
-        and peek(_DESCR) == id(a.dtype)
-        and peek(_FLAGS, ctypes.c_int32) & _READ == _ALIGNED
-        and ctypes.c_int32.from_address(id(np.zeros(2)) + _FLAGS).value & _WRITE == _WRITE
-    )
 
 
 def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     """``ringmpi.Allreduce``: a builtin that runs remembered calls of ``python`` in C
     and every other call through ``python``; ``python`` itself where it cannot."""
-    if not _layout_ok():
+    if not _builtins.layout_ok():
         _state["entry"] = python
         return python
-    holder = _holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
+    holder = _builtins.holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
     holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES, PENDING]] = [
         id(MPI.IN_PLACE),
         id(MPI.SUM),
@@ -200,7 +114,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
     assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
     doc = _text_signature(python) + (python.__doc__ or "")
-    builtin = _builtin(python.__name__, doc, python.__module__, holder, vectorcall)
+    builtin = _builtins.builtin(python.__name__, doc, python.__module__, holder, vectorcall)
     _state.update(holder=holder, builtin=builtin, methods=[], entry=builtin)
     _cache.derived(_Entries())
     return builtin
@@ -219,7 +133,8 @@ def method(python: Callable[..., Any]) -> Any:
     table = _state.get("holder")
     if table is None:
         return python
-    own = _holder(M_PYTHON + 1, python, M_PYTHON, M_PYTHON)  # the error goes to the table's
+    # (its error goes to the table's cells)
+    own = _builtins.holder(M_PYTHON + 1, python, M_PYTHON, M_PYTHON)
     own[M_TABLE] = table.ctypes.data
     own.table = table  # kept: its address is in the cells
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
@@ -227,7 +142,7 @@ def method(python: Callable[..., Any]) -> Any:
     if table.method.meth != vectorcall:  # calls are remembered already
         vectorcall = compiled(_call_method)
     doc = _text_signature(python) + (python.__doc__ or "")
-    builtin = _builtin(python.__name__, doc, python.__module__, own, vectorcall)
+    builtin = _builtins.builtin(python.__name__, doc, python.__module__, own, vectorcall)
     _state["methods"].append(own)
     bind = ctypes.pythonapi.PyInstanceMethod_New
     bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
@@ -259,13 +174,13 @@ def caller(cells: np.ndarray, dtype: np.dtype, python: Callable[..., Any]) -> Ca
     function makes it, so that it costs what the C repeat path costs (auto's tuner
     times it); other arrays go to ``python(work, source)``, which is all there is
     where the builtin cannot be made."""
-    if not _layout_ok():
+    if not _builtins.layout_ok():
         return python
-    holder = _holder(C_PYTHON + 1, python, C_ERROR, C_PYTHON)
+    holder = _builtins.holder(C_PYTHON + 1, python, C_ERROR, C_PYTHON)
     holder.cells = cells  # kept: its address is in the cells
     holder[:C_ERROR] = [cells.ctypes.data, id(np.dtype(dtype)), id(None),
                         int(cells[CELL_RAISE]) or id(holder.failed)]  # fmt: skip
-    return _builtin("again", caller.__doc__, __name__, holder, compiled(_call_once))
+    return _builtins.builtin("again", caller.__doc__, __name__, holder, compiled(_call_once))
 
 
 class _Entries:
@@ -392,22 +307,6 @@ def again_from(work, source, cells):
     ):
         return STALE
     return run_cells(cells.ctypes.data, source.ctypes.data, work.ctypes.data, work.size)
-
-
-_SIGNATURE = types.int64(types.int64, types.int64, types.int64, types.int64)
-_made: dict[Callable[..., Any], int] = {}
-
-
-def compiled(fn: Callable[..., Any]) -> int:
-    """The address of C function ``fn``, ``int64 fn(int64, int64, int64, int64)`` (the
-    builtins' and an own algorithm's CELL_FN; its first use compiles it, or loads it
-    from Numba's cache)."""
-    found = _made.get(fn)
-    if found is None:
-        address = numba.cfunc(_SIGNATURE, cache=True)(fn).address
-        assert address is not None  # numba.cfunc compiles at once: the address is set
-        found = _made[fn] = address
-    return found
 
 
 @numba.njit(cache=True)

@@ -38,7 +38,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import types
 
-from . import _settings, _trace
+from . import _builtins, _settings, _trace
 from ._capi import (
     _library_path,
     load_acquire,
@@ -50,6 +50,8 @@ from ._capi import (
     peek,
     peek32,
     poke,
+    py_long,
+    py_vectorcall,
 )
 
 __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode",
@@ -69,6 +71,7 @@ pending: list[Job] = []
 _POLL_NS = 1_000_000
 # A threaded queue's counters (Progress._counts): calls queued, calls finished.
 _QUEUED, _FINISHED = 0, 1
+_TRACES, _NO_TRACES = _trace._active, ()
 
 
 @numba.njit(cache=True, nogil=True)
@@ -101,7 +104,8 @@ class Job:
         # carries it out); once begun (stepped), step(wait) itself
         self.step: Any = step
         self.stepped = False  # begun by step: step alone carries it on
-        self.traces = _trace.open_here()  # a trace counts the calls started inside it
+        # a trace counts the calls started inside it
+        self.traces = _trace.open_here() if _TRACES else _NO_TRACES
         self.error: BaseException | None = None
         self.done = False
         self.complete: Callable[[], Any] | None = None  # completes its request
@@ -119,7 +123,15 @@ class Job:
             queue = None
         try:
             assert self.run is not None  # a job runs once
-            call = self._to_end if self.stepped else self.run
+            call = self.run
+            if self.stepped:
+                call = self._to_end
+            elif queue is not None and self.step is not None and not self.traces and not _TRACES:
+                # Where its blocking call cannot repeat from C (calls are queued: the
+                # progress thread), the remembered call's compiled step, to its end.
+                step = self.step()
+                if step is not None:
+                    self.step, self.stepped, call = step, True, self._to_end
             if self.traces or _trace._active:
                 with _trace.recording_for(self.traces):
                     call()
@@ -214,7 +226,7 @@ def finish(job: Job) -> None:
     if queue.threaded:
         queue.wait(job)
     else:
-        queue.until(job)
+        queue._run_queued(job)
 
 
 def progressed(job: Job) -> bool:
@@ -526,6 +538,53 @@ def _grequest_begin(fns, state, at_handle, wide):
 
 
 @numba.njit(cache=True)
+def _pop_begin(stack, fns, request, offset, wide):
+    """Start a generalized request into the Request object at ``request`` (its handle at
+    ``offset``) on the free cells on top of ``stack`` ([count, address, ...]): the
+    cells' address, 0 where the stack is empty, or minus MPI's error code."""
+    n = peek(stack)
+    if n == 0:
+        return 0
+    state = peek(stack + 8 * n)
+    err = _grequest_begin(fns, state, request + offset, wide)
+    if err != 0:
+        return -err
+    poke(stack, n - 1)
+    return state
+
+
+@numba.njit(cache=True)
+def _pushed(stack, addresses):
+    """Put ``addresses`` on ``stack`` ([count, address, ...])."""
+    n = stack[0]
+    for a in addresses:
+        n += 1
+        stack[n] = a
+    stack[0] = n
+
+
+@numba.njit(cache=True)
+def _moved(stack, grown, cells, at):
+    """Copy ``stack`` into the larger ``grown``, and point ``cells[at]`` at it."""
+    grown[: stack[0] + 1] = stack[: stack[0] + 1]
+    cells[at] = grown.ctypes.data
+
+
+# A begin builtin's cells (see _Mpix): the stack's and the functions' addresses,
+# the handle's offset in a Request object, whether a handle is 64 bits.
+_B_STACK, _B_FNS, _B_OFFSET, _B_WIDE, _B_PYTHON = range(5)
+
+
+def _begin_c(holder, args, nargs, kwnames):
+    """The begin builtin's C function: ``begin(request)`` as :func:`_pop_begin`, an int."""
+    own = peek(holder + _builtins._DATA)  # the holder array's data
+    if nargs != 1 or kwnames != 0:
+        return py_vectorcall(peek(own + 8 * _B_PYTHON), args, nargs, kwnames)
+    return py_long(_pop_begin(peek(own + 8 * _B_STACK), peek(own + 8 * _B_FNS), peek(args),
+                              peek(own + 8 * _B_OFFSET), peek(own + 8 * _B_WIDE)))  # fmt: skip
+
+
+@numba.njit(cache=True)
 def _grequest_end(state, failed):
     """Complete the request of the cells at ``state`` (``failed``: with an error for
     MPI's completion call to raise); MPI's error code."""
@@ -553,7 +612,6 @@ class _Mpix:
         self._lib: Any = None
         self._jobs: dict[int, Job] = {}  # by the address of their cells (the extra_state)
         self._chunks: list[np.ndarray] = []
-        self._free: list[tuple[np.ndarray, int, int]] = []  # free cells: chunk, index, address
 
     def usable(self) -> bool:
         if self._lib is None:
@@ -576,37 +634,56 @@ class _Mpix:
         addresses = [query.address, free.address]
         addresses += [ctypes.cast(f, ctypes.c_void_p).value or 0 for f in self._fns]
         self._fns_cells = np.array(addresses, np.int64)  # _grequest_begin's
-        self._fns_at = int(self._fns_cells.ctypes.data)
-        self._wide = ctypes.sizeof(_HANDLE) == 8
         self._byte, self._err_other = MPI._handleof(MPI.BYTE), MPI.ERR_OTHER
+        # The free cells, a stack ([count, address, ...]) that the start pops in C and
+        # _refill fills; begin(request) starts a request on its top cells, a builtin
+        # whose C function is compiled (no Python between), else _python_begin.
+        self._stack = np.zeros(1 + _CHUNK * 4, np.int64)
+        self._refilling = threading.Lock()
+        cells = self._begin_cells = _builtins.holder(_B_PYTHON + 1, self._python_begin, _B_PYTHON,
+                                                     _B_PYTHON)  # fmt: skip
+        cells[:_B_PYTHON] = [self._stack.ctypes.data, self._fns_cells.ctypes.data,
+                             _HANDLE_OFFSET, ctypes.sizeof(_HANDLE) == 8]  # fmt: skip
+        self._begin = _builtins.made("begin", _begin_c, cells)
 
-    def _cells(self) -> tuple[np.ndarray, int, int]:
-        """Free cells for a request: their chunk, index and address (reclaiming what MPI
-        freed)."""
-        if not self._free:
+    def _refill(self) -> None:
+        """Fill the stack of free cells: the cells MPI freed, else a new chunk. (The
+        stack changes only in compiled calls, which hold the GIL: a start on another
+        thread never sees it half changed.)"""
+        with self._refilling:
+            freed = []
             for chunk in self._chunks:
                 base = chunk.ctypes.data
                 for i in np.flatnonzero(chunk[_FLAGS::_SLOT] & _FREED).tolist():
                     self._jobs.pop(base + 8 * _SLOT * i, None)
                     chunk[_SLOT * i + _FLAGS] = 0
-                    self._free.append((chunk, _SLOT * i, base + 8 * _SLOT * i))
-        if not self._free:
-            chunk = np.zeros(_CHUNK * _SLOT, np.int64)
-            chunk[_BYTE::_SLOT], chunk[_ERR_OTHER::_SLOT] = self._byte, self._err_other
-            self._chunks.append(chunk)
-            base = chunk.ctypes.data
-            self._free.extend((chunk, _SLOT * i, base + 8 * _SLOT * i)
-                              for i in range(_CHUNK - 1, -1, -1))  # fmt: skip
-        return self._free.pop()
+                    freed.append(base + 8 * _SLOT * i)
+            if not freed:
+                chunk = np.zeros(_CHUNK * _SLOT, np.int64)
+                chunk[_BYTE::_SLOT], chunk[_ERR_OTHER::_SLOT] = self._byte, self._err_other
+                self._chunks.append(chunk)
+                if len(self._stack) < 1 + _CHUNK * len(self._chunks):  # room for every cell
+                    grown = np.zeros(len(self._stack) + _CHUNK * 4, np.int64)
+                    _moved(self._stack, grown, self._begin_cells.view(np.ndarray), _B_STACK)
+                    self._stack = grown
+                freed = (chunk.ctypes.data + 8 * _SLOT * np.arange(_CHUNK - 1, -1, -1)).tolist()
+            _pushed(self._stack, np.array(freed, np.int64))
+
+    def _python_begin(self, request: MPI.Request) -> int:
+        """What the begin builtin does (where it cannot be made): :func:`_pop_begin`."""
+        cells = self._begin_cells
+        return int(_pop_begin(int(cells[_B_STACK]), int(cells[_B_FNS]), id(request),
+                              _HANDLE_OFFSET, int(cells[_B_WIDE])))  # fmt: skip
 
     def start(self, job: Job, request: MPI.Request) -> None:
         """Start a generalized request for ``job`` into ``request`` (its handle)."""
-        chunk, at, address = self._cells()
+        address = self._begin(request)
+        if address == 0:  # no free cells at hand
+            self._refill()
+            address = self._begin(request)
+        if address < 0:
+            raise MPI.Exception(-address)
         self._jobs[address] = job
-        e = _grequest_begin(self._fns_at, address, id(request) + _HANDLE_OFFSET, self._wide)
-        if e:
-            chunk[at + _FLAGS] = _FREED
-            raise MPI.Exception(e)
         job.cells = address
 
     def _carry_out(self, address: int | None) -> int:

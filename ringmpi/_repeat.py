@@ -77,7 +77,9 @@ def remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context,
             or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
         and not _trace._active  # a traced call takes the full path, to be recorded
-        and not _progress.pending  # a repeat would overtake a queued call
+        # a call that took the full path as calls were queued (the progress thread's)
+        # is remembered once: the step a queued call takes is this entry's
+        and (key not in entries or not _progress.pending)
     )
     if not simple:
         return

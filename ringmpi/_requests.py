@@ -49,7 +49,7 @@ def own_from_bytes() -> int:
     return _own_from[0]
 
 
-_NOW, _TRACES = _settings._now, _trace._active
+_NOW, _TRACES, _IN_PLACE = _settings._now, _trace._active, MPI.IN_PLACE
 
 
 def _no_ref() -> None:
@@ -204,9 +204,11 @@ class _Made(NamedTuple):
     confirms that a later call is on the same ones, and what was decided for them."""
 
     recv: Callable[[], Any]  # recvbuf's weak reference
-    send: Callable[[], Any] | None  # sendbuf's; None: in place (the key says which object)
+    send: Callable[[], Any] | None  # sendbuf's; None: in place
+    given: tuple  # (op, comm, algorithm, validate, timeout, reproducible) as given
     settings: _settings.Settings  # the snapshot it was made under
-    nbytes: int  # recvbuf's bytes
+    nbytes: int  # recvbuf's bytes (-1: not remembered)
+    op: Any  # the reduction as MPI takes it
     comm: Any  # the checked communicator
     timeout: float
     own: bool  # ringmpi's run, not the library's request
@@ -215,19 +217,18 @@ class _Made(NamedTuple):
 
 
 # By the ids of (recvbuf, sendbuf, op, comm) and the other arguments, as the blocking
-# call's remembered calls (ringmpi._repeat): a loop of Iallreduce on the same arrays
-# pays for the argument checks once.
+# call's remembered calls (ringmpi._repeat), and the latest by recvbuf's id alone (what
+# Iallreduce tries first): a loop of Iallreduce on the same arrays pays for the argument
+# checks once. An entry holds op and comm (``given``), so their ids stay theirs.
 _made: Bounded[tuple, _Made] = derived(Bounded(_repeat.KEPT))
+_latest: Bounded[int, _Made] = derived(Bounded(_repeat.KEPT))
 
 
 def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                     validate: bool | None, timeout: float | None,
-                    reproducible: bool | None) -> tuple[_Made, Any, Any, Any, Any]:  # fmt: skip
-    """What was checked and decided for a nonblocking or persistent all-reduce
-    (remembered for these very objects), then sendbuf and op as MPI takes them, and
-    ringmpi's call: ``run()`` (the blocking call as given: where it repeats, the
-    arrays' checks and auto's choice are remembered, and it runs from C) and its
-    step finder (:func:`_step`); None, None where the call is the library's."""
+                    reproducible: bool | None) -> _Made:  # fmt: skip
+    """What was checked and decided for a nonblocking or persistent all-reduce on these
+    very objects: remembered, or checked now."""
     key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
     made = _made.get(key)
     if (
@@ -239,26 +240,31 @@ def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: s
     ):  # fmt: skip
         made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                   reproducible)  # fmt: skip
-    if sendbuf is None:
-        sendbuf = MPI.IN_PLACE
-    if op is None:
-        op = MPI.SUM
-    if not made.own:
-        return made, sendbuf, op, None, None
-    run = functools.partial(_api.Allreduce, sendbuf, recvbuf, op, comm, **made.keywords)
-    return made, sendbuf, op, run, functools.partial(_step, key[4:], sendbuf, recvbuf, op, comm)
+    if made.nbytes >= 0:
+        _latest[id(recvbuf)] = made
+    return made
+
+
+def _calls(made: _Made, sendbuf: Any, recvbuf: Any, comm: Any) -> tuple[Any, Any]:
+    """ringmpi's call of ``made`` on these objects: ``run()`` (the blocking call as given:
+    where it repeats, the arrays' checks and auto's choice are remembered, and it runs
+    from C) and its step finder (:func:`_step`)."""
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
+    return (functools.partial(_api.Allreduce, send, recvbuf, made.op, comm, **made.keywords),
+            functools.partial(_step, made.given[2:], send, recvbuf, made.op, comm))  # fmt: skip
 
 
 def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                validate: bool | None, timeout: float | None,
                reproducible: bool | None) -> Prepared:  # fmt: skip
-    made, sendbuf, op, run, step = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm,
-                                                   validate, timeout, reproducible)  # fmt: skip
+    made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
+    send = MPI.IN_PLACE if sendbuf is None else sendbuf
 
     def library(persistent: bool) -> MPI.Request:
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
-        return make(made.comm, sendbuf, recvbuf, op)
+        return make(made.comm, send, recvbuf, made.op)
 
+    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own else (None, None)
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
     call.step, call.ctx = step, made.ctx
     return call
@@ -294,8 +300,8 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
     """Check a nonblocking or persistent all-reduce and decide whose it is; remembered
     where the objects allow."""
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
-    call = _api._parse(send, recvbuf, MPI.SUM if op is None else op, comm, algorithm, validate,
-                       timeout, reproducible)  # fmt: skip
+    mpi_op = MPI.SUM if op is None else op
+    call = _api._parse(send, recvbuf, mpi_op, comm, algorithm, validate, timeout, reproducible)
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
@@ -305,7 +311,8 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
         nbytes = call.nitems * call.recv.itemsize
         own = _own(call.comm, nbytes, op, algorithm, call.timeout)
         ctx = context(call.comm, call.timeout) if own else None
-    made = _Made(_no_ref, None, _settings.current(), -1, call.comm, call.timeout, own, keywords,
+    made = _Made(_no_ref, None, (op, comm, algorithm, validate, timeout, reproducible),
+                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, keywords,
                  ctx)  # fmt: skip
     if isinstance(recvbuf, np.ndarray) and (
         sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
@@ -335,12 +342,26 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     itself and, where neither a thread nor the completion calls can carry the
     call out, every call.
     """
-    made, sendbuf, op, run, step = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm,
-                                                   validate, timeout, reproducible)  # fmt: skip
-    if run is None:
+    # The latest call on recvbuf, where this one repeats it, inline: a start's own cost
+    # is what a program that computes between start and wait pays for overlapping.
+    made = _latest.get(id(recvbuf))
+    if (
+        made is None
+        or made.recv() is not recvbuf
+        or made.given != (op, comm, algorithm, validate, timeout, reproducible)
+        or (made.send() is not sendbuf if made.send is not None
+            else sendbuf is not None and sendbuf is not _IN_PLACE)
+        or made.settings is not _NOW[0]
+        or recvbuf.nbytes != made.nbytes
+    ):  # fmt: skip
+        made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                               reproducible)  # fmt: skip
+    if not made.own:
         if _TRACES:
             _trace.record_call("mpi")
-        return MPI.Comm.Iallreduce(made.comm, sendbuf, recvbuf, op)
+        return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,
+                                   recvbuf, made.op)  # fmt: skip
+    run, step = _calls(made, sendbuf, recvbuf, comm)
     return _progress.start(made.ctx, _progress.Job(run, step=step))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -184,7 +184,7 @@ def open_here() -> list[Trace]:
 
 
 @contextmanager
-def recording_for(traces: list[Trace]) -> Iterator[None]:
+def recording_for(traces: Sequence[Trace]) -> Iterator[None]:
     """Record this thread's calls into ``traces`` (those open where a nonblocking call
     started), and into no other, for the block."""
     before = _mine()

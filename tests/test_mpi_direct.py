@@ -18,7 +18,7 @@ from conftest import agree, mpi_family
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _api, _capi, _direct, verify
+from ringmpi import _api, _builtins, _capi, _direct, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -88,8 +88,8 @@ def mismatch(what: str, got: np.ndarray, want: np.ndarray) -> list[str]:
 
 def test_the_builtin_is_what_users_call():
     problems = []
-    if not _direct._layout_ok():
-        problems.append("this CPython and NumPy should lay arrays out as _direct reads them")
+    if not _builtins.layout_ok():
+        problems.append("this CPython and NumPy should lay arrays out as _builtins reads them")
     if ringmpi.Allreduce is _api._python_allreduce or type(ringmpi.Allreduce).__name__ != (
         "builtin_function_or_method"
     ):

@@ -306,6 +306,33 @@ def test_ringmpi_writes_a_requests_handle_where_mpi4py_keeps_it():
     agree(WORLD, problems)
 
 
+@pytest.mark.parametrize("begin", ["compiled", "python"])
+def test_requests_beyond_a_chunk_of_cells_are_exact_and_reuse_them(settings, monkeypatch, begin):
+    """More requests at once than a chunk of MPIX cells holds, twice: every result
+    exact, and the second round takes the cells MPI freed (no more chunks); through
+    the compiled start and through the Python one (where builtins cannot be made)."""
+    mpix = _progress._MPIX
+    if not mpix.usable():
+        pytest.skip("this MPI has no MPIX_Grequest_start")
+    settings(progress="wait")
+    if begin == "python":
+        monkeypatch.setattr(mpix, "_begin", mpix._python_begin)
+    dup = WORLD.Dup()
+    problems, count, chunks = [], _progress._CHUNK + 7, 0
+    for again in range(2):
+        arrays = [ints(5, k + again) for k in range(count)]
+        requests = [ringmpi.Iallreduce(MPI.IN_PLACE, x, comm=dup, algorithm="ring")
+                    for x in arrays]  # fmt: skip
+        chunks = chunks or len(mpix._chunks)
+        MPI.Request.Waitall(requests)
+        for k, x in enumerate(arrays):
+            problems += mismatch(f"round {again}, request {k}", x, summed(5, k + again))
+    if len(mpix._chunks) != chunks:
+        problems.append(f"the second round made {len(mpix._chunks) - chunks} more chunks")
+    dup.Free()
+    agree(WORLD, problems)
+
+
 def test_misuse_raises_naming_it(comm):
     x = np.zeros(BIG)
     req = comm.Allreduce_init(MPI.IN_PLACE, x)

@@ -180,12 +180,24 @@ class Completion:
     _job: Job | None = None
 
     def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
+        # finish(job), report_here and _raise inline: a completion right after a
+        # computation runs from cold caches, and each call of Python costs there
         job = self._job
         if job is not None:
-            finish(job)
-            job.report_here()
+            queue = job.queue
+            if not job.done and queue is not None:
+                if queue.threaded:
+                    queue.wait(job)
+                else:
+                    queue._run_queued(job)
+            job.reported = True
+            if job.cells and job.error is not None:
+                _grequest_reported(job.cells)
         MPI.Request.Wait(cast(MPI.Request, self), status)
-        self._raise(job)
+        if job is not None and self._job is job:
+            self._job = None
+            if job.error is not None:
+                raise job.error
         return True
 
     def Test(self, status: MPI.Status | None = None) -> bool:

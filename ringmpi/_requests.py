@@ -241,7 +241,7 @@ def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: s
         made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                   reproducible)  # fmt: skip
     if made.nbytes >= 0:
-        _latest[id(recvbuf)] = made
+        _latest.put(id(recvbuf), made)
     return made
 
 

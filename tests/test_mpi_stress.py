@@ -213,10 +213,11 @@ def _resident() -> int:
 # What leaks would leak at any rank count: checked once per family, at 3 ranks.
 @pytest.mark.skipif(SIZE != 3, reason="memory over many calls: checked at 3 ranks")
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("path", ["same-array", "new-arrays"])
+@pytest.mark.parametrize("path", ["same-array", "new-arrays", "started-new-arrays"])
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_many_tiny_calls_keep_memory_flat(algorithm, path):
-    """10,000 calls of one float64 each: every result exact, resident memory flat."""
+    """10,000 calls of one float64 each (blocking, or Iallreduce and Wait): every
+    result exact, resident memory flat."""
     _skip_shared_memory_across_nodes(algorithm)
     want = SIZE * (SIZE + 1) / 2
     buf = np.empty(1)
@@ -228,8 +229,11 @@ def test_many_tiny_calls_keep_memory_flat(algorithm, path):
                 buf[0] = RANK + 1
                 ringmpi.Allreduce(MPI.IN_PLACE, buf, MPI.SUM, WORLD, algorithm=algorithm)
                 out = buf
-            else:
+            elif path == "new-arrays":
                 out = ringmpi.allreduce(np.full(1, RANK + 1.0), MPI.SUM, WORLD, algorithm=algorithm)
+            else:
+                out = np.full(1, RANK + 1.0)
+                ringmpi.Iallreduce(MPI.IN_PLACE, out, MPI.SUM, WORLD, algorithm=algorithm).Wait()
             wrong += out[0] != want
         return wrong
 

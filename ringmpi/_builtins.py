@@ -23,7 +23,7 @@ from numba import types
 
 from . import _numba_cache  # noqa: F401  (its cache, safe for processes compiling at once)
 
-__all__ = ["builtin", "compiled", "holder", "layout_ok", "made"]
+__all__ = ["Holder", "builtin", "compiled", "holder", "layout_ok", "made"]
 
 # A PyObject's header (reference count, type), then NumPy's PyArrayObject fields.
 _DATA, _NDIM, _SHAPE, _DESCR, _FLAGS = 16, 24, 32, 56, 64

@@ -132,7 +132,7 @@ class Job:
                 step = self.step()
                 if step is not None:
                     self.step, self.stepped, call = step, True, self._to_end
-            if self.traces or _trace._active:
+            if self.traces or _TRACES:
                 with _trace.recording_for(self.traces):
                     call()
             else:

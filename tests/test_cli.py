@@ -145,6 +145,24 @@ def test_the_dispatcher_runs_the_same_benchmark():
 
 
 @pytest.mark.family  # it starts mpirun
+def test_off_cache_rotates_over_enough_buffers_and_stays_exact(tmp_path):
+    out = tmp_path / "r.json"
+    p = run(2, "-b", "64K", "-e", "1M", "-f", "16", "-n", "4", "-w", "1", "-a", "ring,mpi",
+            "--off-cache", "1M", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "# wrong elements in total: 0" in p.stdout
+    # twice 1 MiB over 2 ranks' 64 KiB send and receive buffers: 8 sets; at 1 MiB one
+    assert "# 64K: copy" in p.stdout and "; 8 sets of buffers, 2 MiB on the node" in p.stdout
+    assert "; 1 set of buffers, 4 MiB on the node" in p.stdout
+    data = json.loads(out.read_text())
+    assert data["header"]["off_cache_bytes"] == 1 << 20
+    assert [(r["size"], r["algorithm"], r["buffer_sets"], r["wrong"]) for r in data["rows"]] == [
+        (65536, "ring", 8, 0), (65536, "mpi", 8, 0), (1 << 20, "ring", 1, 0), (1 << 20, "mpi", 1, 0)
+    ]  # fmt: skip
+    assert [r["steps"] for r in data["rows"] if r["algorithm"] == "ring"] == [2, 2]
+
+
+@pytest.mark.family  # it starts mpirun
 def test_unchecked_run_reports_no_wrong_count():
     p = run(2, "-c", "0", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0")
     assert p.returncode == 0, p.stderr
@@ -162,6 +180,8 @@ def test_unchecked_run_reports_no_wrong_count():
         (["-a", "ring:cached"], "only hierarchical takes a variant"),
         (["-a", "mpi4py", "-o", "avg"], "mpi4py (MPI's own Allreduce) has no AVG"),
         (["-a", "hierarchical:fast"], "one of auto, cached, streaming"),
+        (["--off-cache", "12"], "--off-cache 12: 12 B is no cache"),
+        (["--off-cache", "lots"], "not a size"),
     ],
 )
 def test_bad_arguments_end_the_job(args, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import glob
 import importlib
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ringmpi.tools._units import format_size, parse_size
+from ringmpi.tools._units import buffer_sets, format_size, last_level_cache, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
@@ -222,6 +223,27 @@ def test_one_size_formatter(nbytes, short, long):
     assert format_size(nbytes) == short
     assert format_size(nbytes, long=True) == long
     assert parse_size(short) == nbytes
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "cache", "ranks", "most", "sets"),
+    [(64 << 20, 260 << 20, 2, 64, 3),  # 2 ranks x 3 x 128 MiB = 768 MiB >= 520 MiB
+     (64 << 20, 260 << 20, 4, 64, 2), (1 << 30, 260 << 20, 2, 64, 1),
+     (1 << 20, 8 << 20, 2, 64, 4), (8, 260 << 20, 2, 64, 64), (8, 260 << 20, 2, 5, 5),
+     (0, 1 << 20, 1, 64, 64)],
+)  # fmt: skip
+def test_off_cache_takes_enough_sets_to_touch_twice_the_cache(nbytes, cache, ranks, most, sets):
+    assert buffer_sets(nbytes, cache, ranks, most) == sets
+    if sets < most:  # the fewest that do
+        assert ranks * sets * 2 * nbytes >= 2 * cache > ranks * (sets - 1) * 2 * nbytes
+
+
+def test_the_last_level_cache_is_what_linux_lists_at_least():
+    listed = glob.glob("/sys/devices/system/cpu/cpu0/cache/index[0-9]*/size")
+    if not listed:
+        pytest.skip("this system lists no caches")
+    largest = max(parse_size(Path(f).read_text().strip()) for f in listed)
+    assert last_level_cache() >= largest > 0
 
 
 def test_choices_are_the_models_pick_where_each_can_run(capsys):

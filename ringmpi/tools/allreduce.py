@@ -10,6 +10,8 @@ interleaved (call k of each before call k+1 of any), so they see the same
 machine, and every row's call is the same positional ``ringmpi.Allreduce(send,
 recv, op, comm)``: a named algorithm is selected by the settings snapshot its
 calls run under (set outside the timed region), as auto's repeat path serves it.
+Each call runs on the same buffers, or with ``--off-cache`` on the next of a
+set of buffers that the node's ranks cannot keep in its last-level cache.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _plot, prog
 from ._args import ArgumentParser
-from ._units import format_size, sweep, whole
+from ._units import buffer_sets, format_size, last_level_cache, parse_size, sweep, whole
 
 __all__ = ["main"]
 
@@ -84,6 +86,12 @@ def _parser(name: str) -> argparse.ArgumentParser:
         help="a rank that waits this long without progress raises, naming the rank it waits "
         "for, and the job is aborted (RINGMPI_TIMEOUT; default: wait as long as it takes)",
     )  # fmt: skip
+    p.add_argument(
+        "--off-cache", nargs="?", const=_SYSTEM, type=parse_size, metavar="SIZE",
+        help="time each call on the next of several buffers, so many that the node's ranks "
+        "touch twice its last-level cache (as the system says it, or SIZE, e.g. 260M) before "
+        "one comes back, as a program's large arrays meet it (default: the same buffers)",
+    )  # fmt: skip
     p.add_argument("--json", metavar="FILE", help="also write the header and rows as JSON")
     p.add_argument(
         "--plot", metavar="FILE",
@@ -91,6 +99,13 @@ def _parser(name: str) -> argparse.ArgumentParser:
         "the measurement, as a PNG (needs matplotlib: the plot extra)",
     )  # fmt: skip
     return p
+
+
+# --off-cache with no size: the cache as the system says it.
+_SYSTEM = -1
+# What --off-cache rotates over at most: sets of buffers per size, and calls remembered
+# per size (each row's call on each set is one; ringmpi._direct's table holds 256).
+_MOST_SETS, _MOST_REMEMBERED = 64, 192
 
 
 # Not an algorithm of the registry: mpi4py's comm.Allreduce called straight from the
@@ -158,19 +173,25 @@ def _cannot(entry: _Entry, red: Any, op: Any, ordered: bool, where: str) -> str 
     return None
 
 
-def _views(array: np.ndarray, n: int) -> list[np.ndarray]:
-    """``n`` views of ``array``, one per row. The API remembers a call by its recvbuf
-    object, and its C repeat path keeps one call per slot of a table indexed by that
-    object's address (ringmpi._direct): rows that shared an object, or a slot, would
-    evict each other's call at every call and time the slower path."""
-    views: list[np.ndarray] = []
+def _views(arrays: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+    """``n`` lists of views, one per row, each a view of every one of ``arrays``. The
+    API remembers a call by its recvbuf object, and its C repeat path keeps one call
+    per slot of a table indexed by that object's address (ringmpi._direct): calls
+    that shared an object, or a slot, would evict each other's call at every call and
+    time the slower path."""
+    views: list[list[np.ndarray]] = [[] for _ in range(n)]
     taken: set[int] = set()
     spare: list[np.ndarray] = []  # held until the views are chosen: no address comes again
-    while len(views) < n:
-        view = array.view()
-        slot = _direct.slot(view)
-        (spare if slot in taken else views).append(view)
-        taken.add(slot)
+    for array in arrays:
+        for row in views:
+            while True:
+                view = array.view()
+                slot = _direct.slot(view)
+                if slot not in taken:
+                    break
+                spare.append(view)
+            taken.add(slot)
+            row.append(view)
     return views
 
 
@@ -373,11 +394,12 @@ def _calls(first: float, args: argparse.Namespace) -> tuple[int, int]:
     return min(args.warmup, fit - iters), iters
 
 
-def _prepare(ctx: Context, entry: _Entry, call: Callable[[], None], recv: np.ndarray,
+def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv: np.ndarray,
              nbytes: int, red: Any, op: Any, args: argparse.Namespace) -> _Run:  # fmt: skip
-    """``entry``'s first call at this size, checked and traced (its time sets how many
-    calls fit the budget), and its warm-up calls."""
-    comm = ctx.comm
+    """``entry``'s first call at this size (``calls[0]``, on ``recv``), checked and traced
+    (its time sets how many calls fit the budget), its warm-up calls, and two calls on
+    each other set of buffers (a call repeated is remembered: the timed ones repeat)."""
+    comm, call = ctx.comm, calls[0]
     raw = entry.base == RAW
     with _settings.using(entry.settings):
         ordered = entry.settings.reproducible  # as the call will see it
@@ -405,6 +427,9 @@ def _prepare(ctx: Context, entry: _Entry, call: Callable[[], None], recv: np.nda
     with _settings.using(entry.settings):
         for _ in range(warmup):
             call()
+        for other in calls[1:]:
+            other()
+            other()
     return _Run(
         label=f"auto({chosen})" if entry.base == "auto" else entry.name,
         wrong=wrong,
@@ -502,7 +527,8 @@ EXIT_OUTPUT = 3
 
 def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple:
     """The run the arguments and settings ask for: (settings, op, reduction, sizes,
-    entries, what was left out and why); TypeError or ValueError naming what is wrong.
+    entries, what was left out and why, the cache ``--off-cache`` times beyond in bytes
+    or 0); TypeError or ValueError naming what is wrong.
     Every rank checks the same arguments the same way, before any communication."""
     given = {"ranks_per_node": args.ranks_per_node, "node_placement": args.node_placement,
              "timeout": args.timeout}  # fmt: skip
@@ -529,7 +555,24 @@ def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     tuning.load()  # RINGMPI_TUNING, checked
     if args.plot:
         _plot.check(args.plot)
-    return now, op, red, sizes, entries, left_out
+    return now, op, red, sizes, entries, left_out, _cache(args.off_cache)
+
+
+def _cache(given: int | None) -> int:
+    """The bytes of cache ``--off-cache`` times calls beyond (0: not asked for);
+    ValueError where that is no cache."""
+    if given is None:
+        return 0
+    if given == _SYSTEM:
+        found = last_level_cache()
+        if not found:
+            raise ValueError("--off-cache: this system does not say how large its last-level "
+                             "cache is; give the size, e.g. --off-cache 256M")  # fmt: skip
+        return found
+    if given < 1 << 10:
+        raise ValueError(f"--off-cache {given}: {format_size(given, long=True)} is no cache; "
+                         "give its size with a unit, e.g. --off-cache 256M")  # fmt: skip
+    return given
 
 
 def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int:
@@ -543,7 +586,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     rank = comm.Get_rank()
     problem = None
     try:
-        now, op, red, sizes, entries, left_out = _checked(args, parser)
+        now, op, red, sizes, entries, left_out, cache = _checked(args, parser)
     except (TypeError, ValueError) as exc:
         problem = str(exc)
     # One agreement, so that every rank stops here together, also where the ranks'
@@ -570,6 +613,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                 entries.remove(entry)
                 left_out.append(f"left out: {entry.name}: needs every rank on one node")
     cores = _cores(ctx)
+    # The largest any rank found: every rank runs the same calls on as many sets.
+    cache = comm.allreduce(cache, op=MPI.MAX)
     said, auto = _auto_source(now)
     nodes = comm.allreduce(1 if ctx.node.Get_rank() == 0 else 0)
     if rank == 0:
@@ -600,6 +645,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     with _Ticker("compiling or loading the kernels", rank == 0):
         compile_s = _warm(ctx, red)
     header = _header(comm, nodes, compile_s, args, cores, auto, left_out)
+    header["off_cache_bytes"] = cache
     if rank == 0:
         print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
               f"{header['first_call_compile_ms']} ms")  # fmt: skip
@@ -608,6 +654,11 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
              f"{red.describe()}")  # fmt: skip
         _say("busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
              "max over ranks")  # fmt: skip
+        if cache:
+            _say(f"off the cache: each timed call runs on the next of as many sets of "
+                 f"buffers as make the node's ranks touch twice its "
+                 f"{format_size(cache, long=True)} last-level cache before a set comes back "
+                 f"(at most {_MOST_SETS}: small sizes stay in the cache)")  # fmt: skip
         _say("each size's line: copy, a NumPy copy of that size on every rank at once, read "
              "+ write bytes summed over ranks; stream, the same with streaming (non-temporal) "
              "stores, which do not read a line before writing it: the memory bandwidth the "
@@ -622,14 +673,30 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         recv = np.empty_like(send)
         copy_bw = _copy_bandwidth(comm, ctx, send, recv)
         stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
+        sets = 1
+        if cache:
+            most = max(1, min(_MOST_SETS, _MOST_REMEMBERED // len(entries)))
+            sets = buffer_sets(nbytes, cache, cores["node_ranks"], most)
+        # Each set's send holds the same verifiable inputs, so every call's result is
+        # the checked one.
+        sends = [send] + [send.copy() for _ in range(sets - 1)]
+        recvs = [recv] + [np.empty_like(recv) for _ in range(sets - 1)]
         if rank == 0:
-            print(f"# {format_size(nbytes)}: copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s",
-                  flush=True)  # fmt: skip
-        views = dict(zip((e.name for e in entries), _views(recv, len(entries)), strict=True))
-        calls = {e.name: _caller(e, send, views[e.name], op, comm) for e in entries}
+            on = ""
+            if cache:
+                on = (f"; {sets} set{'s' if sets > 1 else ''} of buffers, "
+                      f"{format_size(2 * nbytes * sets * cores['node_ranks'], long=True)} "
+                      f"on the node")  # fmt: skip
+            print(f"# {format_size(nbytes)}: copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s"
+                  f"{on}", flush=True)  # fmt: skip
+        views = dict(zip((e.name for e in entries), _views(recvs, len(entries)), strict=True))
+        calls = {e.name: [_caller(e, sends[k], views[e.name][k], op, comm) for k in range(sets)]
+                 for e in entries}  # fmt: skip
         with _Ticker(f"size {format_size(nbytes)}", rank == 0):
-            runs = {e.name: _prepare(ctx, e, calls[e.name], views[e.name], nbytes, red, op, args)
+            runs = {e.name: _prepare(ctx, e, calls[e.name], views[e.name][0], nbytes, red, op,
+                                     args)
                     for e in entries}  # fmt: skip
+            turn = 0  # the set of buffers the next timed call runs on
             for i in range(max(run.iters for run in runs.values())):
                 # Interleaved, so that each sees the same machine, and each round starts
                 # with the next one, so that none always finds the caches as one other
@@ -638,11 +705,13 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                 for entry in order:
                     run = runs[entry.name]
                     if len(run.times) < run.iters:
-                        run.times.append(_timed(ctx, entry, calls[entry.name]))
+                        run.times.append(_timed(ctx, entry, calls[entry.name][turn % sets]))
+                        turn += 1
         for entry in entries:
             run = runs[entry.name]
             row = _row(comm, run, nbytes, count, args)
             row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
+            row["buffer_sets"] = sets
             if entry.base == "auto":
                 row["tuned_in_this_run"] = run.tuned
                 if run.tuned:

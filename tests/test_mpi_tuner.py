@@ -3,7 +3,9 @@
 A test algorithm, ``dawdle``, is what the cost model ranks first (its only
 term costs nothing) but takes 3 ms a call: the trials must find that out, and
 every rank must keep the same, other, winner. Each test runs on a new
-communicator, whose first auto call starts from the cache file alone.
+communicator, whose first auto call starts from the cache file alone. The calls
+sum integers, which every candidate sums to the same bits at any rank count (the
+tuner tries candidates only where their answers agree: test_mpi_stable_bits.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import algorithms, verify
+from ringmpi import _host, algorithms, verify
 from ringmpi._comm import context
 from ringmpi.algorithms import tuner
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
-COUNT = 16  # float32: 64 bytes, size class 7
+COUNT = 16  # int32: 64 bytes, size class 7
 NBYTES = 4 * COUNT
 KLASS = NBYTES.bit_length()
 
@@ -65,9 +67,9 @@ def comm():
 
 
 def calls(comm, n: int, **kw) -> tuple[ringmpi.Trace, list[str]]:
-    """``n`` auto calls of COUNT float32 on ``comm``, traced; the problems found."""
+    """``n`` auto calls of COUNT int32 on ``comm``, traced; the problems found."""
     problems = []
-    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, COUNT)
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, COUNT)
     got = np.empty_like(x)
     with ringmpi.trace() as t:
         for i in range(n):
@@ -154,6 +156,35 @@ def test_the_next_run_starts_tuned_and_an_old_entry_is_tried_again(settings, whe
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_the_file_names_its_host_and_another_hosts_entries_are_tried_again(settings, where,
+                                                                           comm):  # fmt: skip
+    settings(tuner=where)
+    timed = tuner.timed_calls(NBYTES)
+    t, problems = calls(comm, 3 * (1 + timed))
+    agree(comm, problems)
+    path = tuner.cache_file(ringmpi._settings.current())
+    if WORLD.rank == 0:
+        data = json.loads(Path(path).read_text())
+        (layout,) = data["layouts"]
+        # this host: CPU model, last-level cache, cores online
+        assert layout.endswith(f" | {_host.describe()}")
+        assert f", {os.cpu_count()} cores" in layout and _host.cpu_model() in layout
+        # The same machine name on other hardware (a VM moved to another host).
+        moved = layout.replace(_host.describe(), "Another CPU, 1 MiB last-level cache, "
+                               "1 cores")  # fmt: skip
+        data["layouts"] = {moved: data["layouts"][layout]}
+        Path(path).write_text(json.dumps(data))
+    WORLD.Barrier()
+    other = WORLD.Dup()
+    try:
+        t2, problems = calls(other, 3)
+        agree(other, problems)
+        assert [x.algorithm for x in t2.trials] == ["dawdle", t.trials[1].algorithm, "mpi"]
+    finally:
+        other.Free()
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
 def test_memory_tunes_without_a_file_and_off_is_the_cost_model(settings, where, comm):
     settings(tuner="memory")
     timed = tuner.timed_calls(NBYTES)
@@ -206,7 +237,7 @@ def test_untraced_trials_run_the_repeat_path_and_settle(settings, where, comm):
     """Without a trace the trials time each candidate's repeat (its compiled entry)."""
     settings(tuner="memory")
     timed = tuner.timed_calls(NBYTES)
-    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, COUNT)
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, COUNT)
     got = np.empty_like(x)
     problems = []
     for i in range(3 * (1 + timed)):
@@ -242,13 +273,13 @@ def test_a_cached_algorithm_that_is_not_registered_is_tried_again(settings, wher
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
 def test_the_library_is_not_tried_where_its_answer_differs(settings, where, comm):
-    """MAX of float64 (libraries drop NaNs) is tuned apart, among ringmpi's own only."""
+    """SUM of int16 (Open MPI saturates it) is tuned apart, among ringmpi's own only."""
     settings(tuner="memory")
-    x = verify.verify_inputs(MPI.MAX, "float64", comm.rank, COUNT // 2)  # 64 bytes
+    x = verify.verify_inputs(MPI.SUM, "int16", comm.rank, 2 * COUNT)  # 64 bytes
     with ringmpi.trace() as t:
         for _ in range(2 * (1 + tuner.timed_calls(NBYTES))):
-            got = ringmpi.allreduce(x, MPI.MAX, comm)
-            assert not verify.count_wrong(got, MPI.MAX, comm.size)
+            got = ringmpi.allreduce(x, MPI.SUM, comm)
+            assert not verify.count_wrong(got, MPI.SUM, comm.size)
     assert {c.algorithm for c in t.trials} == {"dawdle", t.trials[1].algorithm} != {"mpi"}
     assert "mpi" not in {c.algorithm for c in t.trials}
     assert {c.size_class for c in t.trials} == {-KLASS}
@@ -265,11 +296,11 @@ def test_the_halves_winners_go_under_collectives_and_the_next_run_starts_tuned(s
     name (so a version that knows only the all-reduce's classes reads past it); an
     entry the tuner cannot read as a size class is skipped, not fatal."""
     settings(tuner=where)
-    n, k = comm.size, 1 << 14  # float32 a block: past the library's small calls
-    x = verify.verify_inputs(MPI.SUM, "float32", comm.rank, k * n)
-    want = verify.verify_expected(MPI.SUM, "float32", n, k * n)[comm.rank * k : (comm.rank + 1) * k]
-    want = want.astype(np.float32).tobytes()
-    out = np.empty(k, np.float32)
+    n, k = comm.size, 1 << 14  # int32 a block: past the library's small calls
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, k * n)
+    want = verify.verify_expected(MPI.SUM, "int32", n, k * n)[comm.rank * k : (comm.rank + 1) * k]
+    want = want.astype(np.int32).tobytes()
+    out = np.empty(k, np.int32)
     problems = []
     with ringmpi.trace() as t:
         for i in range(40):  # the trials (at most 3 candidates x 11 calls), then the winner

@@ -6,7 +6,9 @@ be folded in communicator rank order: auto chooses among the algorithms that
 keep it, and a named one that does not raises ValueError before any message.
 The half types (float16, bfloat16) promise 16 bits on the wire and one
 rounding: an algorithm takes them only through its half-type path (all of
-which fold in rank order); auto chooses among those.
+which fold in rank order); auto chooses among those. Auto's online tuner times
+candidates only where they all give the same bits (:func:`answers_agree`), so
+that identical calls give identical bits from the first call on.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ __all__ = [
     "Algorithm",
     "Call",
     "Trial",
+    "answers_agree",
     "candidates",
     "choose",
     "get",
@@ -78,8 +81,11 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     (:mod:`ringmpi.algorithms.tuner`) decides between the model's two best and
     the library's MPI_Allreduce (where it gives ringmpi's answer:
     :func:`library_agrees`): while it tries them this returns a
-    :class:`~ringmpi.algorithms.tuner.Trial`. The choice is kept per
-    communicator, size and settings, so it costs one lookup after the first call.
+    :class:`~ringmpi.algorithms.tuner.Trial`. It does so only where every
+    candidate gives the same bits (:func:`answers_agree`; elsewhere the model's
+    pick stands), so that no trial changes what a call returns. The choice is
+    kept per communicator, size and settings, so it costs one lookup after the
+    first call.
 
     Where the reduction order matters (``reproducible`` and a floating or complex
     ``red``; None counts as one) auto chooses among the algorithms that keep it,
@@ -107,10 +113,11 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
             forced = get(lookup(settings.algorithm, "RINGMPI_ALGORITHM"))
             return check(forced, ordered, red, "RINGMPI_ALGORITHM")
     library = library_agrees(red)
-    key = (nbytes, settings, ordered, half, library, collective)
+    agreed = answers_agree(red, ctx.size)
+    key = (nbytes, settings, ordered, half, library, agreed, collective)
     found = ctx.chosen.get(key)
     if found is None:
-        found = _auto(nbytes, ctx, settings, ordered, half, library, collective)
+        found = _auto(nbytes, ctx, settings, ordered, half, library, collective, agreed)
         if isinstance(found, _tuner.Trial):
             return found  # a trial is not kept: the next call may try another
         ctx.chosen.put(key, found)
@@ -126,8 +133,9 @@ _LIBRARY_MAX_BYTES = 1 << 31
 
 
 def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, library: bool,
-          collective: str = "allreduce"):  # fmt: skip
-    """The model's choice, or the online tuner's (its winner or its next trial)."""
+          collective: str = "allreduce", agreed: bool = True):  # fmt: skip
+    """The model's choice, or the online tuner's (its winner or its next trial) where
+    the candidates' answers agree (``agreed``)."""
     nodes, per_node = ctx.nodes(settings)
     pool = [a for a in records(collective) if fits(a, ctx) and ctx.size >= a.auto_from
             and (a.crowded or not ctx.sleepy)]  # fmt: skip
@@ -147,8 +155,9 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     if not ranked:  # a half's half types off one node: the library's call
         return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose
-    # candidates differ in bits), nor for the half types, nor on one rank.
-    if settings.tuner == "off" or half or ordered or ctx.size == 1:
+    # candidates differ in bits), nor for the half types, nor on one rank, nor where
+    # the candidates' bits may differ (a trial would change the call's answer).
+    if settings.tuner == "off" or half or ordered or ctx.size == 1 or not agreed:
         return ranked[0]
     shortlist = ranked[: _tuner.SHORTLIST]
     library = library and nbytes < _LIBRARY_MAX_BYTES
@@ -173,6 +182,22 @@ def library_agrees(red: Reduction | None) -> bool:
     if red.name in ("sum", "prod", "avg"):
         return not (red.dtype.kind in "iu" and red.dtype.itemsize <= 2)
     return True
+
+
+def answers_agree(red: Reduction | None, nranks: int) -> bool:
+    """Whether every algorithm gives the same bits for ``red`` at ``nranks`` ranks, so
+    that auto's tuner may try them on a call's own data (None: a reduction that does):
+    where no order changes the result (integer and bool data), and at two ranks the
+    sum, average and real product, one commutative operation an element (IEEE
+    addition and multiplication are commutative bit for bit). Not MAX and MIN of
+    floating data (which of -0.0 and 0.0, or of two NaNs, comes back depends on the
+    order), nor a complex product, nor floating sums of three or more ranks (each
+    algorithm adds in its own order)."""
+    if red is None or not order_matters(red):
+        return True
+    if nranks != 2 or red.half:
+        return False
+    return red.name in ("sum", "avg") or (red.name == "prod" and red.dtype.kind == "f")
 
 
 def candidates() -> list[str]:

@@ -16,7 +16,9 @@ MPI_MAX), so that every rank keeps the same winner; from then on auto's choice
 for the class is one lookup, as it was before tuning.
 
 The winners go to a cache file per machine, MPI library and layout (rank 0
-writes it, atomically), so that the next run starts tuned; rank 0 reads it at the
+writes it, atomically), so that the next run starts tuned; the layout names the
+host (CPU model, last-level cache, cores: a machine name that moved to other
+hardware, as a virtual machine may, is tuned again); rank 0 reads it at the
 first auto call on a communicator and broadcasts what it holds. An entry older
 than the ``retune_days`` setting, or made by another ringmpi version, is tried
 again. The ``tuner`` setting (``RINGMPI_TUNER``): ``auto`` (the default: the
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, _settings, _trace
+from .. import __version__, _host, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import fits, get, names, prepare
 
@@ -247,14 +249,15 @@ def cache_file(settings: _settings.Settings) -> str | None:
 
 def _layout(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> str:
     """What the tuned choices hold for: the MPI library, the ranks and nodes, how
-    ranks wait, ringmpi's version and the settings that change how algorithms run."""
+    ranks wait, ringmpi's version, the settings that change how algorithms run, and
+    the host (rank 0's, whose file it is)."""
     library = MPI.Get_library_version().strip().splitlines()[0].strip()
     knobs = (settings.segment_bytes, settings.window_stores, settings.piece_bytes,
              settings.ranks_per_node, settings.node_placement, settings.tuning)  # fmt: skip
     digest = zlib.crc32(repr(knobs).encode()) & 0xFFFFFFFF
     wait = "sleep" if ctx.sleepy else "spin"
     return (f"{library} | ringmpi {__version__} | {ctx.size} ranks, {nodes} node(s) of up to "
-            f"{per_node} | {wait} | settings {digest:08x}")  # fmt: skip
+            f"{per_node} | {wait} | settings {digest:08x} | {_host.describe()}")  # fmt: skip
 
 
 def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> dict[Key, str]:

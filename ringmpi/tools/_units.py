@@ -1,15 +1,15 @@
 """Sizes in bytes as the tools read and print them: 8, 64K, 1M, 16M; the sweep of
-sizes that ``-b``, ``-e`` and ``-f`` give; and the node's last-level cache, which
-``--off-cache`` times calls beyond."""
+sizes that ``-b``, ``-e`` and ``-f`` give; and how many buffers ``--off-cache``
+rotates over to time calls beyond the node's last-level cache."""
 
 from __future__ import annotations
 
 import argparse
-import glob
 import math
 import re
-import subprocess
 from collections.abc import Callable
+
+from .._host import last_level_cache
 
 __all__ = ["buffer_sets", "format_size", "last_level_cache", "parse_count", "parse_size",
            "sweep", "whole"]  # fmt: skip
@@ -78,35 +78,6 @@ def sweep(first: int, last: int, factor: int) -> list[int]:
     while sizes[-1] * factor <= last and factor > 1:
         sizes.append(sizes[-1] * factor)
     return sizes
-
-
-def last_level_cache() -> int:
-    """The node's last-level cache in bytes, 0 where the system does not say: the
-    largest of what Linux lists for the CPUs (each cache of the last level once, summed
-    over the sockets that have one) and what the C library reads from the CPU (a
-    virtual machine may list less than its host's caches hold)."""
-    caches: dict[tuple[int, str], int] = {}  # (level, the CPUs that share it) -> bytes
-    for folder in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
-        try:
-            with open(f"{folder}/level") as f_level, open(f"{folder}/type") as f_type:
-                level, kind = int(f_level.read()), f_type.read().strip()
-            with open(f"{folder}/size") as f_size, open(f"{folder}/shared_cpu_list") as f_cpus:
-                size, cpus = parse_size(f_size.read().strip()), f_cpus.read().strip()
-        except (OSError, ValueError, argparse.ArgumentTypeError):
-            continue
-        if kind != "Instruction":
-            caches[(level, cpus)] = size
-    top = max((level for level, _ in caches), default=0)
-    listed = sum(size for (level, _), size in caches.items() if level == top)
-    read = 0
-    for name in ("LEVEL4_CACHE_SIZE", "LEVEL3_CACHE_SIZE", "LEVEL2_CACHE_SIZE"):
-        try:  # (glibc's getconf; Python's os.sysconf does not name these)
-            said = subprocess.run(["getconf", name], capture_output=True, text=True, check=False,
-                                  timeout=10)  # fmt: skip
-            read = max(read, int(said.stdout.strip() or 0))
-        except (OSError, ValueError, subprocess.SubprocessError):
-            continue
-    return max(listed, read)
 
 
 def buffer_sets(nbytes: int, cache: int, node_ranks: int, most: int) -> int:

@@ -1,0 +1,80 @@
+"""The machine the tuner's choices were measured on: its CPU model, last-level
+cache and cores, as the tuner's file names it (a host that changed is tuned
+again), and the cache that the benchmarks' ``--off-cache`` times beyond."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import platform
+
+__all__ = ["cpu_model", "describe", "last_level_cache"]
+
+
+def cpu_model() -> str:
+    """The CPU's model name as Linux gives it (``/proc/cpuinfo``), else the platform's."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Processor", "cpu model") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@functools.cache
+def describe() -> str:
+    """This host as the tuner's file names it: CPU model, last-level cache, cores online."""
+    cache = last_level_cache()
+    said = f"{cache >> 20} MiB" if cache >= 1 << 20 else f"{cache >> 10} KiB" if cache else "no"
+    return f"{cpu_model()}, {said} last-level cache, {os.cpu_count() or 1} cores"
+
+
+def last_level_cache() -> int:
+    """The node's last-level cache in bytes, 0 where the system does not say: the
+    largest of what Linux lists for the CPUs (each cache of the last level once, summed
+    over the sockets that have one) and what glibc reads from the CPU (a virtual
+    machine may list less than its host's caches hold)."""
+    caches: dict[tuple[int, str], int] = {}  # (level, the CPUs that share it) -> bytes
+    for folder in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            with open(f"{folder}/level") as f_level, open(f"{folder}/type") as f_type:
+                level, kind = int(f_level.read()), f_type.read().strip()
+            with open(f"{folder}/size") as f_size, open(f"{folder}/shared_cpu_list") as f_cpus:
+                size, cpus = _bytes(f_size.read().strip()), f_cpus.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction":
+            caches[(level, cpus)] = size
+    top = max((level for level, _ in caches), default=0)
+    listed = sum(size for (level, _), size in caches.items() if level == top)
+    return max(listed, _from_cpu())
+
+
+# glibc's sysconf names for the level 4, 3 and 2 caches' sizes (<bits/confname.h>:
+# _SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE), which it reads
+# from the CPU; Python's os.sysconf does not know them.
+_SC_CACHE_SIZES = (197, 194, 191)
+
+
+def _from_cpu() -> int:
+    """The largest cache glibc reads from the CPU; 0 elsewhere."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION"):
+            return 0
+        sysconf = ctypes.CDLL(None).sysconf
+    except (AttributeError, OSError, ValueError):
+        return 0
+    sysconf.restype, sysconf.argtypes = ctypes.c_long, [ctypes.c_int]
+    return max(0, *(sysconf(name) for name in _SC_CACHE_SIZES))
+
+
+def _bytes(text: str) -> int:
+    """Bytes from a cache size as Linux lists it: ``32K``, ``8192K``, ``1M``."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B")
+    return int(text[:-1]) * units[text[-1]] if text and text[-1] in units else int(text)

@@ -1,6 +1,7 @@
 """auto against comm.Allreduce in a hot loop of the same in-place float32 SUM, 8 B to 64 MiB.
 
-    RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py
+    RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py [--off-cache [SIZE]]
+        [--max SIZE]
 
 Each size: calls of auto until its tuner has settled the size class (untimed),
 then 7 rounds in which the two paths take turns, each a barrier and then a
@@ -9,10 +10,16 @@ it, and ``comm.Allreduce(MPI.IN_PLACE, x)``); a round's time is the slowest
 rank's. Prints the median µs a call of each, their ratio, what auto ran, and
 whether a last call on verifiable inputs gave the exact sum on every rank
 (docs/performance.md, "The three MPI families").
+
+``--off-cache`` loops over as many arrays of each size as make the node's ranks
+touch twice its last-level cache (the system's, or SIZE) before one comes back,
+as ``python -m ringmpi.allreduce --off-cache`` does (the ``sets`` column);
+``--max`` is the largest size (64M; up to 1G is a power of 8 times 8 B or 64M).
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -20,31 +27,56 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import _comm, algorithms, kernels, verify
+from ringmpi.tools._units import buffer_sets, last_level_cache, parse_size
 
-SIZES = [8 << (3 * i) for i in range(8)] + [64 << 20]  # 8 B, 64 B, ..., 16 MiB, 64 MiB
+# 8 B, 64 B, ..., 16 MiB, 64 MiB (--max: then 128 MiB, 1 GiB)
+SIZES = [8 << (3 * i) for i in range(8)] + [64 << 20, 128 << 20, 1 << 30]
 ROUNDS = 7
+MOST_SETS = 64  # small arrays sit in any cache: more of them gain nothing
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--off-cache", nargs="?", const=-1, type=parse_size, metavar="SIZE",
+                        help="loop over arrays that do not fit the last-level cache")  # fmt: skip
+    parser.add_argument("--max", type=parse_size, default=64 << 20, help="largest size (64M)")
+    args = parser.parse_args()
     comm = MPI.COMM_WORLD
+    cache = args.off_cache or 0
+    if cache < 0:
+        cache = last_level_cache()
+    if args.off_cache is not None and cache < 1 << 10:
+        parser.error("--off-cache: no cache size (the system says none, or SIZE is under 1K); "
+                     "give one, e.g. --off-cache 256M")  # fmt: skip
+    cache = comm.allreduce(cache, op=MPI.MAX)  # every rank loops over as many arrays
+    node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     if comm.rank == 0:
-        print(f"{'bytes':>10} {'auto us':>10} {'mpi4py us':>10} {'ratio':>6}  auto ran  exact")
-    for nbytes in SIZES:
-        x = np.zeros(nbytes // 4, np.float32)
+        if args.off_cache is not None:
+            print(f"# off the cache: arrays that touch twice {cache >> 20} MiB on the node")
+        print(f"{'bytes':>10} {'auto us':>10} {'mpi4py us':>10} {'ratio':>6}  auto ran  "
+              "exact  sets")  # fmt: skip
+    for nbytes in (n for n in SIZES if n <= args.max):
+        # in place: one array a set (buffer_sets counts a send and a receive buffer)
+        sets = buffer_sets(nbytes // 2, cache, node_ranks, MOST_SETS) if cache else 1
+        xs = [np.zeros(nbytes // 4, np.float32) for _ in range(sets)]
+        x = xs[0]
         calls = max(3, min(2000, (200 << 20) // nbytes // 8))
         for _ in range(200 if nbytes <= 64 << 10 else 40):  # the tuner's trials, untimed
             ringmpi.Allreduce(MPI.IN_PLACE, x)
+        for other in xs[1:]:  # a call repeated is remembered: the timed ones repeat
+            ringmpi.Allreduce(MPI.IN_PLACE, other)
+            ringmpi.Allreduce(MPI.IN_PLACE, other)
         paths = {
-            "auto": lambda x=x: ringmpi.Allreduce(MPI.IN_PLACE, x),
-            "mpi4py": lambda x=x: comm.Allreduce(MPI.IN_PLACE, x),
+            "auto": lambda x: ringmpi.Allreduce(MPI.IN_PLACE, x),
+            "mpi4py": lambda x: comm.Allreduce(MPI.IN_PLACE, x),
         }
         times: dict[str, list[float]] = {k: [] for k in paths}
         for _ in range(ROUNDS):
             for name, call in paths.items():
                 comm.Barrier()
                 t0 = time.perf_counter()
-                for _ in range(calls):
-                    call()
+                for i in range(calls):
+                    call(xs[i % sets])
                 took = (time.perf_counter() - t0) / calls
                 times[name].append(comm.allreduce(took, op=MPI.MAX))
         ran = _ran(comm, nbytes)
@@ -54,7 +86,8 @@ def main() -> None:
         ok = comm.allreduce(bool(np.array_equal(x, exact)), op=MPI.LAND)
         if comm.rank == 0:
             auto, raw = (float(np.median(times[k])) * 1e6 for k in paths)
-            print(f"{nbytes:>10} {auto:>10.2f} {raw:>10.2f} {auto / raw:>6.2f}  {ran:<9} {ok}")
+            print(f"{nbytes:>10} {auto:>10.2f} {raw:>10.2f} {auto / raw:>6.2f}  {ran:<9} {ok!s:<5}"
+                  f"  {sets:>4}")  # fmt: skip
 
 
 def _ran(comm: MPI.Intracomm, nbytes: int) -> str:

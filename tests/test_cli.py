@@ -160,6 +160,9 @@ def test_off_cache_rotates_over_enough_buffers_and_stays_exact(tmp_path):
         (65536, "ring", 8, 0), (65536, "mpi", 8, 0), (1 << 20, "ring", 1, 0), (1 << 20, "mpi", 1, 0)
     ]  # fmt: skip
     assert [r["steps"] for r in data["rows"] if r["algorithm"] == "ring"] == [2, 2]
+    for r in data["rows"]:  # every input read once, every result written once, 2 ranks
+        floor = 2 * r["size"] * 2 / (r["stream_GBs"] * 1e9) * 1e6
+        assert r["floor_us"] == (None if r["size"] < 1 << 20 else pytest.approx(floor))
 
 
 @pytest.mark.family  # it starts mpirun

@@ -166,6 +166,12 @@ SKIPPED: dict[str, str] = {
     "OMP_NUM_THREADS=1 mpirun -n 2 python examples/overlap.py --rounds 30": (
         "about 110 s at 2 ranks on 2 cores (30 rounds of NumPy work)"
     ),
+    "RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py --max 1G": (
+        "about 60 s and 6 GiB at 2 ranks (1 GiB arrays); test_example.py runs the script"
+    ),
+    "RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py --max 1G --off-cache": (
+        "about 60 s and 6 GiB at 2 ranks (1 GiB arrays); test_example.py runs the script"
+    ),
     # rewrites a tracked page
     "python -m ringmpi reliability --write docs/reliability.md": (
         "rewrites its page; about 6 minutes (make test runs its cases)"

@@ -1,7 +1,9 @@
-"""examples/train_digits.py as a user runs it: under mpirun, from the command line."""
+"""examples/train_digits.py and examples/hot_loop.py as a user runs them: under mpirun,
+from the command line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_cli import _mpirun
+
+from ringmpi.tools._units import buffer_sets
 
 # They start mpirun; what they check (the tool's output, the example's training) is
 # ringmpi's own, so they run under MPICH only (the MPI suite checks each family).
@@ -29,3 +33,21 @@ def test_the_script_under_mpirun(tmp_path, nranks, flags):
     assert last.endswith("weights identical on every rank: True")
     weights = np.load(out)
     assert [weights[k].shape for k in weights.files] == [(64, 32), (32,), (32, 10), (10,)]
+
+
+def test_the_hot_loop_off_the_cache_loops_over_enough_arrays_and_stays_exact(tmp_path):
+    script = SCRIPT.parent / "hot_loop.py"
+    cmd = [*_mpirun(), "-n", "2", sys.executable, str(script), "--max", "64K",
+           "--off-cache", "1M"]  # fmt: skip
+    env = {**os.environ, "RINGMPI_TUNER": str(tmp_path), "NUMBA_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[0] == "# off the cache: arrays that touch twice 1 MiB on the node"
+    rows = [line.split() for line in lines[2:]]
+    # 8 B to 64 KiB; one in-place array a set, as buffer_sets counts a send and a receive
+    assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768]
+    assert [(r[-2], int(r[-1])) for r in rows] == [
+        ("True", buffer_sets(int(r[0]) // 2, 1 << 20, 2, 64)) for r in rows
+    ]
+    assert [int(r[-1]) for r in rows] == [64, 64, 64, 64, 32]

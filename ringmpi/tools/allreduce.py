@@ -441,7 +441,8 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
     )
 
 
-def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse.Namespace) -> dict:
+def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse.Namespace,
+         floor: float | None) -> dict:  # fmt: skip
     n = comm.Get_size()
     traced = run.traced
     mine = [float(np.median(run.times)), 0.0, 0.0]
@@ -455,7 +456,8 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
     algbw = nbytes / t / 1e9 if t > 0 else 0.0
     return {
         "size": nbytes, "count": count, "type": args.datatype, "redop": args.op,
-        "algorithm": run.label, "time_us": t * 1e6, "algbw_GBs": algbw,
+        "algorithm": run.label, "time_us": t * 1e6,
+        "floor_us": None if floor is None else floor * 1e6, "algbw_GBs": algbw,
         "busbw_GBs": algbw * 2 * (n - 1) / n, "wrong": wrong,
         "bytes_per_rank": None if traced is None else bytes_sent / nbytes,
         "steps": None if traced is None else int(steps),
@@ -465,10 +467,11 @@ def _row(comm: MPI.Intracomm, run: _Run, nbytes: int, count: int, args: argparse
 
 # About 100 columns: type and op are the header's, the copy bandwidths the size's line.
 _COLUMNS = (
-    f"{'size':>10} {'count':>10}  {'algorithm':<24} {'time(us)':>9} {'algbw':>6} {'busbw':>6} "
-    f"{'#wrong':>6} {'bytes/D':>7} {'steps':>5} {'iters':>5}"
+    f"{'size':>10} {'count':>10}  {'algorithm':<24} {'time(us)':>9} {'floor':>8} {'algbw':>6} "
+    f"{'busbw':>6} {'#wrong':>6} {'bytes/D':>7} {'steps':>5} {'iters':>5}"
 )
-_UNITS = f"# {'(B)':>8} {'(elements)':>10}  {'':<24} {'':>9} {'(GB/s)':>6} {'(GB/s)':>6}"
+_UNITS = (f"# {'(B)':>8} {'(elements)':>10}  {'':<24} {'':>9} {'(us)':>8} {'(GB/s)':>6} "
+          f"{'(GB/s)':>6}")  # fmt: skip
 _WIDTH = 99  # of the header's lines, wrapped
 
 
@@ -476,11 +479,26 @@ def _format(row: dict) -> str:
     bpr = "-" if row["bytes_per_rank"] is None else f"{row['bytes_per_rank']:.2f}"
     steps = "-" if row["steps"] is None else str(row["steps"])
     wrong = "N/A" if row["wrong"] < 0 else str(row["wrong"])
+    floor = "-" if row["floor_us"] is None else f"{row['floor_us']:.1f}"
     return (
         f"{row['size']:>10} {row['count']:>10}  {row['algorithm']:<24} {row['time_us']:>9.1f} "
-        f"{row['algbw_GBs']:>6.2f} {row['busbw_GBs']:>6.2f} {wrong:>6} {bpr:>7} {steps:>5} "
-        f"{row['iters']:>5}"
+        f"{floor:>8} {row['algbw_GBs']:>6.2f} {row['busbw_GBs']:>6.2f} {wrong:>6} {bpr:>7} "
+        f"{steps:>5} {row['iters']:>5}"
     )
+
+
+# From this size a copy's time is the memory's, not the call's: the floor is shown.
+_FLOOR_FROM = 1 << 20
+
+
+def _floor(nbytes: int, ranks: int, nodes: int, stream_GBs: float) -> float | None:
+    """The least time an all-reduce of ``nbytes`` on one node spends in memory: every
+    rank's input read once and every result written once (two buffers a rank) at the
+    node's streaming rate (seconds); None across nodes, below _FLOOR_FROM, or where no
+    rate was measured."""
+    if nodes > 1 or stream_GBs <= 0 or nbytes < _FLOOR_FROM:
+        return None
+    return 2 * nbytes * ranks / (stream_GBs * 1e9)
 
 
 def _say(text: str) -> None:
@@ -653,7 +671,9 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
              f"where they would pass --budget {args.budget} s; see iters), slowest rank; "
              f"{red.describe()}")  # fmt: skip
         _say("busbw = algbw * 2(N-1)/N; bytes/D and steps: counted from the sends (trace), "
-             "max over ranks")  # fmt: skip
+             "max over ranks; floor (from 1 MiB): the least time in memory on one node, "
+             "every input read once and every result written once (2 buffers a rank) at the "
+             "stream rate below")  # fmt: skip
         if cache:
             _say(f"off the cache: each timed call runs on the next of as many sets of "
                  f"buffers as make the node's ranks touch twice its "
@@ -709,7 +729,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                         turn += 1
         for entry in entries:
             run = runs[entry.name]
-            row = _row(comm, run, nbytes, count, args)
+            row = _row(comm, run, nbytes, count, args,
+                       _floor(nbytes, comm.Get_size(), nodes, stream_bw))  # fmt: skip
             row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
             row["buffer_sets"] = sets
             if entry.base == "auto":

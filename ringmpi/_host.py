@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
 import os
 import platform
 
@@ -36,23 +35,33 @@ def describe() -> str:
 
 def last_level_cache() -> int:
     """The node's last-level cache in bytes, 0 where the system does not say: the
-    largest of what Linux lists for the CPUs (each cache of the last level once, summed
-    over the sockets that have one) and what glibc reads from the CPU (a virtual
-    machine may list less than its host's caches hold)."""
-    caches: dict[tuple[int, str], int] = {}  # (level, the CPUs that share it) -> bytes
-    for folder in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/cache/index[0-9]*"):
+    largest of what Linux lists for the first CPU's last cache level, once for each
+    group of CPUs that shares one (the sockets), and what glibc reads from the CPU (a
+    virtual machine may list less than its host's caches hold)."""
+    listed, level = 0, 0
+    for index in range(16):  # cpu0's caches, index0 (level 1) up: a few small files
+        folder = f"/sys/devices/system/cpu/cpu0/cache/index{index}"
         try:
             with open(f"{folder}/level") as f_level, open(f"{folder}/type") as f_type:
-                level, kind = int(f_level.read()), f_type.read().strip()
+                at, kind = int(f_level.read()), f_type.read().strip()
             with open(f"{folder}/size") as f_size, open(f"{folder}/shared_cpu_list") as f_cpus:
-                size, cpus = _bytes(f_size.read().strip()), f_cpus.read().strip()
+                size, sharing = _bytes(f_size.read()), _count(f_cpus.read())
+        except FileNotFoundError:
+            break
         except (OSError, ValueError):
             continue
-        if kind != "Instruction":
-            caches[(level, cpus)] = size
-    top = max((level for level, _ in caches), default=0)
-    listed = sum(size for (level, _), size in caches.items() if level == top)
+        if kind != "Instruction" and at >= level:
+            level, listed = at, size * max(1, (os.cpu_count() or 1) // max(1, sharing))
     return max(listed, _from_cpu())
+
+
+def _count(cpus: str) -> int:
+    """How many CPUs a Linux CPU list names (``0-63,128-191``)."""
+    total = 0
+    for part in cpus.strip().split(","):
+        first, _, last = part.partition("-")
+        total += int(last or first) - int(first) + 1
+    return total
 
 
 # glibc's sysconf names for the level 4, 3 and 2 caches' sizes (<bits/confname.h>:

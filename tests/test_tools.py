@@ -238,6 +238,14 @@ def test_off_cache_takes_enough_sets_to_touch_twice_the_cache(nbytes, cache, ran
         assert ranks * sets * 2 * nbytes >= 2 * cache > ranks * (sets - 1) * 2 * nbytes
 
 
+@pytest.mark.parametrize(("cpus", "count"), [("0", 1), ("0-1", 2), ("0-63,128-191", 128),
+                                             ("0,2,4-5", 4)])  # fmt: skip
+def test_a_linux_cpu_list_is_counted(cpus, count):
+    from ringmpi import _host
+
+    assert _host._count(cpus + "\n") == count
+
+
 def test_the_last_level_cache_is_what_linux_lists_at_least():
     listed = glob.glob("/sys/devices/system/cpu/cpu0/cache/index[0-9]*/size")
     if not listed:

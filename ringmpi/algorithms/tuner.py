@@ -232,7 +232,9 @@ def tuner(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int)
     """The communicator's tuner (made, and the cache file read, on first use)."""
     found = ctx.tuner
     if found is None or found.settings is not settings:
-        found = ctx.tuner = Tuner(ctx, settings, _layout(ctx, settings, nodes, per_node))
+        # (the layout names the file's entries: none to name without a file)
+        layout = _layout(ctx, settings, nodes, per_node) if cache_file(settings) else ""
+        found = ctx.tuner = Tuner(ctx, settings, layout)
     return found
 
 

@@ -1,0 +1,78 @@
+"""The first calls on an untuned machine: auto's first 50 calls of a size against the library's.
+
+    RINGMPI_TUNER=memory mpirun -n 2 python examples/first_calls.py [--calls 50]
+
+Each size (float32 SUM, in place) on two new communicators, one for each: 50
+calls of ``ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)`` and 50 of
+``comm.Allreduce(MPI.IN_PLACE, x)``, each call after a barrier, summed (each
+call's time the slowest rank's). A new communicator starts with no tuned choice
+and no window, as a program's first calls do; with ``RINGMPI_TUNER=memory`` no
+tuner file from an earlier run is read (a run with the default setting reads
+it, and starts tuned). The kernels are loaded first (``ringmpi.warm``), as
+they are once per machine. Prints the totals in ms, their ratio, the first
+call and the slowest call of auto, what auto ran last, and whether every
+call's result was the same on every rank and from call to call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import ringmpi
+from ringmpi import kernels
+
+SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=50, help="calls of each (50)")
+    args = parser.parse_args()
+    world = MPI.COMM_WORLD
+    ringmpi.warm(kernels.reduction(MPI.SUM, np.float32))
+    if world.rank == 0:
+        print(f"{'bytes':>10} {'auto ms':>9} {'mpi4py ms':>10} {'ratio':>6} {'first ms':>9} "
+              f"{'slowest':>8}  auto ran       same bits")  # fmt: skip
+    for i, nbytes in enumerate(SIZES):
+        rng = np.random.default_rng(world.rank)
+        data = rng.standard_normal(nbytes // 4).astype(np.float32)
+        # The two in turn: which goes first changes with the size.
+        order = ["auto", "mpi4py"] if i % 2 == 0 else ["mpi4py", "auto"]
+        took: dict[str, list[float]] = {}
+        same = True
+        for name in order:
+            comm = world.Dup()
+            x = np.empty_like(data)
+            first = None
+            times = []
+            with ringmpi.trace() as t:
+                for _ in range(args.calls):
+                    x[...] = data
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    if name == "auto":
+                        ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)
+                    else:
+                        comm.Allreduce(MPI.IN_PLACE, x)
+                    times.append(time.perf_counter() - t0)
+                    first = x.tobytes() if first is None else first
+                    same = same and x.tobytes() == first
+            took[name] = [world.allreduce(s, op=MPI.MAX) for s in times]
+            if name == "auto":
+                ran = t.ran[-1] if t.ran else "mpi"
+            same = same and len(set(world.allgather(first))) == 1
+            comm.Free()
+        same = world.allreduce(same, op=MPI.LAND)
+        if world.rank == 0:
+            auto, raw = sum(took["auto"]) * 1e3, sum(took["mpi4py"]) * 1e3
+            print(f"{nbytes:>10} {auto:>9.2f} {raw:>10.2f} {auto / raw:>6.2f} "
+                  f"{took['auto'][0] * 1e3:>9.2f} {max(took['auto']) * 1e3:>8.2f}  "
+                  f"{ran:<13} {same}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -143,7 +143,7 @@ def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
 def python_seconds() -> float:
     """What the API's Python repeat path itself adds to a call, in seconds: a
     remembered call whose algorithm does nothing, timed (the fastest of five runs
-    of 200 calls; measured once; 0 inside a trace, which takes the full path).
+    of 40 calls; measured once; 0 inside a trace, which takes the full path).
     Auto's tuner charges it to candidates that a repeat reaches through Python."""
     if _trace._active:
         return 0.0
@@ -158,9 +158,9 @@ def python_seconds() -> float:
         try:
             for _ in range(5):
                 t0 = time.perf_counter()
-                for _ in range(200):
+                for _ in range(40):
                     call(MPI.IN_PLACE, a)
-                best = min(best, (time.perf_counter() - t0) / 200)
+                best = min(best, (time.perf_counter() - t0) / 40)
         finally:
             latest.pop(id(a), None)
         _SECONDS.append(best)

@@ -55,8 +55,10 @@ class Context:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
-        # auto's choice per (size, settings, ordered, half)
+        # auto's choice per (size, settings, ordered, half, ...), and while its tuner
+        # tries candidates, what it decides between
         self.chosen: Bounded[tuple, Algorithm] = Bounded(_CHOICES_KEPT)
+        self.trying: Bounded[tuple, Any] = Bounded(_CHOICES_KEPT)
         self._scratch = np.empty(0, np.uint8)
         # Why this communicator can no longer be used (a call that timed out may
         # have left messages in flight), or None.

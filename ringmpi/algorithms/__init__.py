@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -117,9 +118,19 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     key = (nbytes, settings, ordered, half, library, agreed, collective)
     found = ctx.chosen.get(key)
     if found is None:
-        found = _auto(nbytes, ctx, settings, ordered, half, library, collective, agreed)
-        if isinstance(found, _tuner.Trial):
-            return found  # a trial is not kept: the next call may try another
+        # The model's ranking, made once: the trials' calls come back here each time.
+        trying = ctx.trying.get(key)
+        if trying is None:
+            trying = _auto(nbytes, ctx, settings, ordered, half, library, collective, agreed)
+        if isinstance(trying, _Trying):
+            ctx.trying.put(key, trying)
+            found = trying.tuner.choose(ctx, nbytes, trying.shortlist, trying.library,
+                                        collective)  # fmt: skip
+            if isinstance(found, _tuner.Trial):
+                return found  # a trial is not kept: the next call may try another
+            ctx.trying.pop(key, None)
+        else:
+            found = trying
         ctx.chosen.put(key, found)
     return found.for_half if half and collective == "allreduce" else found
 
@@ -132,9 +143,17 @@ _settings.check_with("algorithm", lookup)
 _LIBRARY_MAX_BYTES = 1 << 31
 
 
+class _Trying(NamedTuple):
+    """A size class the online tuner decides: its candidates, best first."""
+
+    tuner: _tuner.Tuner
+    shortlist: list[Algorithm]
+    library: bool  # the library's call is among them
+
+
 def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, library: bool,
-          collective: str = "allreduce", agreed: bool = True):  # fmt: skip
-    """The model's choice, or the online tuner's (its winner or its next trial) where
+          collective: str = "allreduce", agreed: bool = True) -> Algorithm | _Trying:  # fmt: skip
+    """The model's choice, or the candidates the online tuner decides between where
     the candidates' answers agree (``agreed``)."""
     nodes, per_node = ctx.nodes(settings)
     pool = [a for a in records(collective) if fits(a, ctx) and ctx.size >= a.auto_from
@@ -165,8 +184,7 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
         shortlist += [a for a in pool if a.terms is None]  # the library's own call
     if len(shortlist) == 1:
         return ranked[0]
-    tuner = _tuner.tuner(ctx, settings, nodes, per_node)
-    return tuner.choose(ctx, nbytes, shortlist, library, collective)
+    return _Trying(_tuner.tuner(ctx, settings, nodes, per_node), shortlist, library)
 
 
 def library_agrees(red: Reduction | None) -> bool:

@@ -197,7 +197,10 @@ def test_count_above_2_31(big_buffer, algorithm, capsys):
 # call could make -- one Python object (16 bytes and more), one NumPy array or MPI
 # request (about 100 bytes and more) -- grows every window above it, while a pool's
 # steps land in few (Open MPI's own call on new arrays: 160 KiB over one run's 10,000
-# calls; in windows of 2,500, 0-12 KiB and once 52 KiB).
+# calls; in windows of 2,500, 0-12 KiB and once 52 KiB). Where every window grew
+# more, the library's own calls are measured the same way in the same process (once
+# Open MPI's call on new arrays at 3 ranks grew 48-80 KiB in every window): ringmpi's
+# least window may then exceed the library's least by FLAT_BYTES at most.
 
 MANY = 10_000
 WINDOWS = 4
@@ -237,16 +240,35 @@ def test_many_tiny_calls_keep_memory_flat(algorithm, path):
             wrong += out[0] != want
         return wrong
 
-    wrong = calls(WARM_UP)
-    grown = []
-    for _ in range(WINDOWS):
-        start = _resident()
-        wrong += calls(MANY // WINDOWS)
-        grown.append(_resident() - start)
+    def library(k: int) -> int:
+        """The same calls, the library's own (mpi4py's)."""
+        for _ in range(k):
+            if path == "same-array":
+                WORLD.Allreduce(MPI.IN_PLACE, buf)
+            elif path == "new-arrays":
+                WORLD.Allreduce(np.full(1, RANK + 1.0), np.empty(1))
+            else:
+                WORLD.Iallreduce(MPI.IN_PLACE, np.full(1, RANK + 1.0)).Wait()
+        return 0
+
+    def windows(run) -> tuple[int, list[int]]:
+        wrong = run(WARM_UP)
+        grown = []
+        for _ in range(WINDOWS):
+            start = _resident()
+            wrong += run(MANY // WINDOWS)
+            grown.append(_resident() - start)
+        return wrong, grown
+
+    wrong, grown = windows(calls)
     problems = [f"{wrong} wrong results"] if wrong else []
-    if min(grown) > FLAT_BYTES:
+    allowed = FLAT_BYTES
+    if WORLD.allreduce(min(grown), op=MPI.MAX) > FLAT_BYTES:  # every rank measures it
+        allowed += min(windows(library)[1])
+    if min(grown) > allowed:
         problems.append(f"resident memory grew in every window of {MANY // WINDOWS} calls "
-                        f"(KiB: {', '.join(str(g // 1024) for g in grown)})")  # fmt: skip
+                        f"(KiB: {', '.join(str(g // 1024) for g in grown)}; allowed "
+                        f"{allowed // 1024})")  # fmt: skip
     agree(WORLD, problems)
 
 

@@ -122,8 +122,9 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
         trying = ctx.trying.get(key)
         if trying is None:
             trying = _auto(nbytes, ctx, settings, ordered, half, library, collective, agreed)
+            if isinstance(trying, _Trying):
+                ctx.trying.put(key, trying)
         if isinstance(trying, _Trying):
-            ctx.trying.put(key, trying)
             found = trying.tuner.choose(ctx, nbytes, trying.shortlist, trying.library,
                                         collective)  # fmt: skip
             if isinstance(found, _tuner.Trial):

@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import _comm, algorithms, kernels, verify
-from ringmpi.tools._units import buffer_sets, last_level_cache, parse_size
+from ringmpi.tools._units import SYSTEM, buffer_sets, off_cache_bytes, parse_size
 
 # 8 B, 64 B, ..., 16 MiB, 64 MiB (--max: then 128 MiB, 1 GiB)
 SIZES = [8 << (3 * i) for i in range(8)] + [64 << 20, 128 << 20, 1 << 30]
@@ -37,17 +37,15 @@ MOST_SETS = 64  # small arrays sit in any cache: more of them gain nothing
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--off-cache", nargs="?", const=-1, type=parse_size, metavar="SIZE",
+    parser.add_argument("--off-cache", nargs="?", const=SYSTEM, type=parse_size, metavar="SIZE",
                         help="loop over arrays that do not fit the last-level cache")  # fmt: skip
     parser.add_argument("--max", type=parse_size, default=64 << 20, help="largest size (64M)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    cache = args.off_cache or 0
-    if cache < 0:
-        cache = last_level_cache()
-    if args.off_cache is not None and cache < 1 << 10:
-        parser.error("--off-cache: no cache size (the system says none, or SIZE is under 1K); "
-                     "give one, e.g. --off-cache 256M")  # fmt: skip
+    try:
+        cache = off_cache_bytes(args.off_cache)
+    except ValueError as exc:
+        parser.error(str(exc))
     cache = comm.allreduce(cache, op=MPI.MAX)  # every rank loops over as many arrays
     node_ranks = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     if comm.rank == 0:
@@ -56,8 +54,7 @@ def main() -> None:
         print(f"{'bytes':>10} {'auto us':>10} {'mpi4py us':>10} {'ratio':>6}  auto ran  "
               "exact  sets")  # fmt: skip
     for nbytes in (n for n in SIZES if n <= args.max):
-        # in place: one array a set (buffer_sets counts a send and a receive buffer)
-        sets = buffer_sets(nbytes // 2, cache, node_ranks, MOST_SETS) if cache else 1
+        sets = buffer_sets(nbytes, cache, node_ranks, MOST_SETS, buffers=1) if cache else 1
         xs = [np.zeros(nbytes // 4, np.float32) for _ in range(sets)]
         x = xs[0]
         calls = max(3, min(2000, (200 << 20) // nbytes // 8))

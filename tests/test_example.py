@@ -45,9 +45,9 @@ def test_the_hot_loop_off_the_cache_loops_over_enough_arrays_and_stays_exact(tmp
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "# off the cache: arrays that touch twice 1 MiB on the node"
     rows = [line.split() for line in lines[2:]]
-    # 8 B to 64 KiB; one in-place array a set, as buffer_sets counts a send and a receive
+    # 8 B to 32 KiB; one in-place array a set
     assert [int(r[0]) for r in rows] == [8, 64, 512, 4096, 32768]
     assert [(r[-2], int(r[-1])) for r in rows] == [
-        ("True", buffer_sets(int(r[0]) // 2, 1 << 20, 2, 64)) for r in rows
+        ("True", buffer_sets(int(r[0]), 1 << 20, 2, 64, buffers=1)) for r in rows
     ]
     assert [int(r[-1]) for r in rows] == [64, 64, 64, 64, 32]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ringmpi.tools._units import buffer_sets, format_size, last_level_cache, parse_size
+from ringmpi._host import last_level_cache
+from ringmpi.tools._units import buffer_sets, format_size, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"

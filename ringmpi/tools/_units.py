@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from .._host import last_level_cache
 
-__all__ = ["buffer_sets", "format_size", "last_level_cache", "parse_count", "parse_size",
-           "sweep", "whole"]  # fmt: skip
+__all__ = ["SYSTEM", "buffer_sets", "format_size", "off_cache_bytes", "parse_count",
+           "parse_size", "sweep", "whole"]  # fmt: skip
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -80,10 +80,33 @@ def sweep(first: int, last: int, factor: int) -> list[int]:
     return sizes
 
 
-def buffer_sets(nbytes: int, cache: int, node_ranks: int, most: int) -> int:
-    """How many sets of a send and a receive buffer of ``nbytes`` each rank rotates over
-    so that the node's ranks touch twice its ``cache`` bytes before a set comes back
-    (``--off-cache``, as IMB's ``-off_cache``): one where one set already does, at most
-    ``most`` (small buffers, which sit in any cache, gain nothing from more)."""
-    needed = math.ceil(2 * cache / (node_ranks * 2 * max(nbytes, 1)))
+# --off-cache with no size: the cache as the system says it.
+SYSTEM = -1
+
+
+def off_cache_bytes(given: int | None) -> int:
+    """The bytes of cache ``--off-cache`` times calls beyond: ``given`` (a size, SYSTEM
+    for the system's last-level cache, None for no --off-cache: 0); ValueError where
+    that is no cache."""
+    if given is None:
+        return 0
+    if given == SYSTEM:
+        found = last_level_cache()
+        if not found:
+            raise ValueError("--off-cache: this system does not say how large its last-level "
+                             "cache is; give the size, e.g. --off-cache 256M")  # fmt: skip
+        return found
+    if given < 1 << 10:
+        raise ValueError(f"--off-cache {given}: {format_size(given, long=True)} is no cache; "
+                         "give its size with a unit, e.g. --off-cache 256M")  # fmt: skip
+    return given
+
+
+def buffer_sets(nbytes: int, cache: int, node_ranks: int, most: int, buffers: int = 2) -> int:
+    """How many sets of ``buffers`` buffers of ``nbytes`` (a send and a receive one; 1
+    in place) each rank rotates over so that the node's ranks touch twice its ``cache``
+    bytes before a set comes back (``--off-cache``, as IMB's ``-off_cache``): one where
+    one set already does, at most ``most`` (small buffers, which sit in any cache, gain
+    nothing from more)."""
+    needed = math.ceil(2 * cache / (node_ranks * buffers * max(nbytes, 1)))
     return max(1, min(needed, most))

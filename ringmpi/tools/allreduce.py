@@ -43,7 +43,7 @@ from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _plot, prog
 from ._args import ArgumentParser
-from ._units import buffer_sets, format_size, last_level_cache, parse_size, sweep, whole
+from ._units import SYSTEM, buffer_sets, format_size, off_cache_bytes, parse_size, sweep, whole
 
 __all__ = ["main"]
 
@@ -87,7 +87,7 @@ def _parser(name: str) -> argparse.ArgumentParser:
         "for, and the job is aborted (RINGMPI_TIMEOUT; default: wait as long as it takes)",
     )  # fmt: skip
     p.add_argument(
-        "--off-cache", nargs="?", const=_SYSTEM, type=parse_size, metavar="SIZE",
+        "--off-cache", nargs="?", const=SYSTEM, type=parse_size, metavar="SIZE",
         help="time each call on the next of several buffers, so many that the node's ranks "
         "touch twice its last-level cache (as the system says it, or SIZE, e.g. 260M) before "
         "one comes back, as a program's large arrays meet it (default: the same buffers)",
@@ -101,8 +101,6 @@ def _parser(name: str) -> argparse.ArgumentParser:
     return p
 
 
-# --off-cache with no size: the cache as the system says it.
-_SYSTEM = -1
 # What --off-cache rotates over at most: sets of buffers per size, and calls remembered
 # per size (each row's call on each set is one; ringmpi._direct's table holds 256).
 _MOST_SETS, _MOST_REMEMBERED = 64, 192
@@ -573,24 +571,7 @@ def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple
     tuning.load()  # RINGMPI_TUNING, checked
     if args.plot:
         _plot.check(args.plot)
-    return now, op, red, sizes, entries, left_out, _cache(args.off_cache)
-
-
-def _cache(given: int | None) -> int:
-    """The bytes of cache ``--off-cache`` times calls beyond (0: not asked for);
-    ValueError where that is no cache."""
-    if given is None:
-        return 0
-    if given == _SYSTEM:
-        found = last_level_cache()
-        if not found:
-            raise ValueError("--off-cache: this system does not say how large its last-level "
-                             "cache is; give the size, e.g. --off-cache 256M")  # fmt: skip
-        return found
-    if given < 1 << 10:
-        raise ValueError(f"--off-cache {given}: {format_size(given, long=True)} is no cache; "
-                         "give its size with a unit, e.g. --off-cache 256M")  # fmt: skip
-    return given
+    return now, op, red, sizes, entries, left_out, off_cache_bytes(args.off_cache)
 
 
 def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int:
@@ -727,10 +708,10 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                     if len(run.times) < run.iters:
                         run.times.append(_timed(ctx, entry, calls[entry.name][turn % sets]))
                         turn += 1
+        floor = _floor(nbytes, comm.Get_size(), nodes, stream_bw)
         for entry in entries:
             run = runs[entry.name]
-            row = _row(comm, run, nbytes, count, args,
-                       _floor(nbytes, comm.Get_size(), nodes, stream_bw))  # fmt: skip
+            row = _row(comm, run, nbytes, count, args, floor)
             row["copy_GBs"], row["stream_GBs"] = copy_bw, stream_bw
             row["buffer_sets"] = sets
             if entry.base == "auto":

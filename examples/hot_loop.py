@@ -3,7 +3,8 @@
     RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py [--off-cache [SIZE]]
         [--max SIZE]
 
-Each size: calls of auto until its tuner has settled the size class (untimed),
+Each size: calls of auto until its tuner has settled the size class (untimed:
+the lease of the library's call, then the trials),
 then 7 rounds in which the two paths take turns, each a barrier and then a
 loop of the same call (``ringmpi.Allreduce(MPI.IN_PLACE, x)``, as a user calls
 it, and ``comm.Allreduce(MPI.IN_PLACE, x)``); a round's time is the slowest
@@ -58,7 +59,7 @@ def main() -> None:
         xs = [np.zeros(nbytes // 4, np.float32) for _ in range(sets)]
         x = xs[0]
         calls = max(3, min(2000, (200 << 20) // nbytes // 8))
-        for _ in range(200 if nbytes <= 64 << 10 else 40):  # the tuner's trials, untimed
+        while _untuned(comm, nbytes):  # the lease and the tuner's trials, untimed
             ringmpi.Allreduce(MPI.IN_PLACE, x)
         for other in xs[1:]:  # a call repeated is remembered: the timed ones repeat
             ringmpi.Allreduce(MPI.IN_PLACE, other)
@@ -85,6 +86,13 @@ def main() -> None:
             auto, raw = (float(np.median(times[k])) * 1e6 for k in paths)
             print(f"{nbytes:>10} {auto:>10.2f} {raw:>10.2f} {auto / raw:>6.2f}  {ran:<9} {ok!s:<5}"
                   f"  {sets:>4}")  # fmt: skip
+
+
+def _untuned(comm: MPI.Intracomm, nbytes: int) -> bool:
+    """Whether auto's tuner has yet to settle ``nbytes``'s class on ``comm``."""
+    red = kernels.reduction(MPI.SUM, np.float32)
+    chosen = algorithms.choose("auto", nbytes, _comm.context(comm), red, False)
+    return isinstance(chosen, algorithms.Trial)
 
 
 def _ran(comm: MPI.Intracomm, nbytes: int) -> str:

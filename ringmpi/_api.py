@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -9,7 +10,7 @@ from mpi4py import MPI
 
 from . import _direct, _progress, _repeat, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
-from ._comm import Context, check_comm, context, polled, ready
+from ._comm import Context, check_comm, context, made, polled, ready
 from ._errors import RingMPIError, UnsupportedError
 from ._settings import configure, configured
 from .kernels import Reduction, reduction
@@ -95,7 +96,7 @@ def Allreduce(
     done = _run(call.send, call.recv, call.nitems, call.red, call.comm, algorithm, call.validate,
                 call.timeout, call.ordered)  # fmt: skip
     if done is not None:
-        _repeat.remember(given, call.send, call.recv, call.nitems, call.red, *done)
+        _repeat.remember(given, call.send, call.recv, call.nitems, *done)
 
 
 class _Call(NamedTuple):
@@ -277,7 +278,24 @@ def _run(
     timeout: float = 0.0,
     reproducible: bool = False,
 ):
-    """Run the call; returns (context, algorithm, timeout) unless it was validated."""
+    """Run the call; returns (``make``, at once): ``make()`` gives the call made ready
+    (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once or
+    at its first repeat; None where it is not to be repeated so (a validated call, a
+    trial of auto's tuner)."""
+    if (algorithm == "auto" and not validate and recv.flags.c_contiguous
+            and (send is None or send.flags.c_contiguous)):  # fmt: skip
+        leased = algorithms.lease(comm, count * recv.itemsize, red, reproducible, timeout)
+        if leased is not None:  # the library's own call, before any context of ringmpi's
+            call, new = leased
+            if made(comm) is not None:
+                ready(comm)  # its queued nonblocking calls first; an error if broken off
+            if _trace._active:
+                _trace.record_call("mpi")
+            work = recv if recv.ndim == 1 and recv.size == count else recv.reshape(-1)[:count]
+            call.again(work, work if send is None else send.reshape(-1))
+            # The first call of its shape on the communicator is remembered at once
+            # (its call is made ready already); others, as every call, at a repeat.
+            return (lambda: call), new
     ctx = ready(comm, timeout)
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red, reproducible)
     if validate:
@@ -315,7 +333,9 @@ def _run(
             recv[...] = work.reshape(recv.shape)
         else:
             recv.flat[:count] = work
-    return None if validate or isinstance(algo, algorithms.Trial) else (ctx, algo, timeout)
+    if validate or isinstance(algo, algorithms.Trial):
+        return None
+    return functools.partial(algorithms.prepare, algo, red, ctx, count, timeout), False
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .algorithms.tuner import Tuner
 
 __all__ = [
-    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce",
+    "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce", "made",
     "not_running", "polled", "ready", "running", "sleepy_barrier", "timed_out",
 ]  # fmt: skip
 
@@ -357,6 +357,14 @@ def not_running() -> RingMPIError:
 # The contexts of the communicators last used, by the Python object (it is held, so
 # its id names no other); emptied when any communicator is freed or broken off.
 _recent: Bounded[int, tuple[MPI.Intracomm, Context]] = _cache.derived(Bounded(16))
+
+
+def made(comm: MPI.Intracomm) -> Context | None:
+    """``comm``'s :class:`Context` if a call has made it, else None (nothing is made)."""
+    hit = _recent.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    return None if _keyval is None else cast("Context | None", comm.Get_attr(_keyval))
 
 
 def context(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:

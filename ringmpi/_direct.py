@@ -256,7 +256,13 @@ def _usable_typed(array, written):
 def number(dtype: np.dtype) -> int:
     """``dtype``'s number as compiled code sees it (CELL_DTYPE; int64's, for a
     ``longlong``)."""
-    return as_dtype(numba.from_dtype(np.dtype(dtype))).num
+    found = _numbers.get(dtype)
+    if found is None:
+        found = _numbers[dtype] = as_dtype(numba.from_dtype(np.dtype(dtype))).num
+    return found
+
+
+_numbers: dict[Any, int] = {}
 
 
 def _dtype_number(work):
@@ -272,7 +278,8 @@ def _dtype_number_typed(work):
 @numba.njit(cache=True)
 def run_cells(cells, sbuf, rbuf, count):
     """The call of the cells at address ``cells`` on ``count`` elements at ``sbuf``
-    (or the cells' MPI_IN_PLACE) into ``rbuf``: 0, or an error code."""
+    (or the cells' MPI_IN_PLACE) into ``rbuf``: 0, an error code, or STALE (a leased
+    call with no calls left sent nothing)."""
     fn = peek(cells + 8 * CELL_FN)
     if fn == 0:
         datatype, op = peek(cells + 8 * CELL_DATATYPE), peek(cells + 8 * CELL_OP)
@@ -389,9 +396,9 @@ def _lookup(table, pos, npos, kwnames, self_comm):
         return _MISS
     source = _source(send, peek(table + 8 * IN_PLACE_OBJ), peek(cells + 8 * CELL_IN_PLACE),
                      peek(at + 8 * SEND_DESCR), peek(at + 8 * SEND_NDIM), count)  # fmt: skip
-    if source == 0:
+    err = run_cells(cells, source, peek(recv + _DATA), count) if source != 0 else STALE
+    if err == STALE:  # not arrays it takes, or a leased call with no calls left: none sent
         return _MISS
-    err = run_cells(cells, source, peek(recv + _DATA), count)
     return _answer(err, none, peek(at + 8 * FAILED), table + 8 * ERROR)
 
 
@@ -426,6 +433,8 @@ def _call_once(holder, args, nargs, kwnames):
         sbuf = _source(source, work, peek(cells + 8 * CELL_IN_PLACE), descr, 1, count)
         if _fits(work, descr, 1, count, _WRITE) and sbuf != 0:
             err = run_cells(cells, sbuf, peek(work + _DATA), count)
+            if err == STALE:
+                return py_vectorcall(peek(own + 8 * C_PYTHON), args, nargs, kwnames)
             return _answer(err, peek(own + 8 * C_NONE), peek(own + 8 * C_RAISE),
                            own + 8 * C_ERROR)  # fmt: skip
     return py_vectorcall(peek(own + 8 * C_PYTHON), args, nargs, kwnames)

@@ -54,7 +54,7 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "mode",
+__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "in_job", "mode",
            "own_cores", "progressed", "set_handle", "spare_core", "start", "threaded",
            "threads_allowed"]  # fmt: skip
 
@@ -63,6 +63,10 @@ __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "m
 # from C or Python (ringmpi._direct, ringmpi._api) only while this is empty, since a
 # repeat does not first carry out, or wait for, the calls queued before it.
 pending: list[Job] = []
+# How many jobs are being carried out now, on any thread (an int64 cell that compiled
+# code reads): a call a job makes must not go to the user's communicator, where it
+# could cross the program's own collectives (auto's lease: ringmpi.algorithms.lease).
+in_job = np.zeros(1, np.int64)
 
 # How long the progress thread polls for the next call before it sleeps, and a Wait
 # for the thread to finish a call before it sleeps, in nanoseconds, where the thread
@@ -132,11 +136,15 @@ class Job:
                 step = self.step()
                 if step is not None:
                     self.step, self.stepped, call = step, True, self._to_end
-            if self.traces or _TRACES:
-                with _trace.recording_for(self.traces):
+            in_job[0] += 1
+            try:
+                if self.traces or _TRACES:
+                    with _trace.recording_for(self.traces):
+                        call()
+                else:
                     call()
-            else:
-                call()
+            finally:
+                in_job[0] -= 1
         except BaseException as exc:
             self.error = exc
         self.ended(queue is not None)

@@ -28,9 +28,7 @@ from mpi4py import MPI
 
 from . import _direct, _progress, _settings, _trace
 from ._cache import Bounded, derived
-from ._comm import Context
-from .algorithms.registry import STALE, prepare
-from .kernels import Reduction
+from .algorithms.registry import STALE, Call
 
 __all__ = ["Entry", "entries", "latest", "python_seconds", "remember"]
 
@@ -62,10 +60,12 @@ _seen: Bounded[tuple, None] = derived(Bounded(KEPT))  # keys met once
 _STALE = STALE
 
 
-def remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context, algo,
-             timeout: float) -> None:  # fmt: skip
+def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
+             at_once: bool = False) -> None:  # fmt: skip
     """Keep what a repeat of this call needs, if it can be repeated that way
-    (``given``: the key, then sendbuf, recvbuf, op and comm as the call gave them)."""
+    (``given``: the key, then sendbuf, recvbuf, op and comm as the call gave them;
+    ``make()``: the call made ready, asked for at its first repeat, or now where
+    ``at_once``)."""
     key, sendbuf, recvbuf, op, comm = given
     algorithm, validate, timeout_arg, reproducible = key[4:]
     simple = (
@@ -83,19 +83,16 @@ def remember(given: tuple, send, recv, count: int, red: Reduction, ctx: Context,
     )
     if not simple:
         return
-    if key not in _seen:  # not a repeat (yet)
+    if key not in _seen and not at_once:  # not a repeat (yet)
         _seen.put(key, None)
         return
     args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    latest.put(id(recvbuf), entries.put(key, _entry(args, send, recv, ctx, algo, red, count,
-                                                    timeout)))  # fmt: skip
+    latest.put(id(recvbuf), entries.put(key, _entry(args, send, recv, make())))
 
 
-def _entry(args: tuple, send, recv, ctx: Context, algo, red: Reduction, count: int,
-           timeout: float) -> Entry:  # fmt: skip
+def _entry(args: tuple, send, recv, call: Call) -> Entry:
     sendbuf, recvbuf, *rest = args
     settings = _settings.current()
-    call = prepare(algo, red, ctx, count, timeout)
     if call.cells is not None:
         assert call.in_place is not None and call.from_ is not None  # made with the cells
         in_place, run, cells = call.in_place, call.from_, call.cells

@@ -3,8 +3,8 @@ times candidates in a size class's first calls, never changes what a call return
 
 Random floats (not the small integers of the exactness tests, which every order
 sums exactly) on an untuned communicator: the same call again and again, through
-the tuner's trials and after it settled, must return the first call's bits on
-every rank. Where the candidates would differ (floating sums at three ranks and
+the library's calls of an untuned class (its lease), the tuner's trials and after
+it settled, must return the first call's bits on every rank. Where the candidates would differ (floating sums at three ranks and
 more), the tuner does not run and the model's pick stands.
 """
 
@@ -32,13 +32,15 @@ def comm():
 @pytest.mark.parametrize("nbytes", [8, 64 << 10, 1 << 20, 16 << 20])
 @pytest.mark.parametrize(("op", "dtype"), [(MPI.SUM, np.float64), (MPI.SUM, np.float32),
                                            (MPI.MAX, np.float64)])  # fmt: skip
-def test_identical_calls_give_identical_bits_from_the_first_on(settings, comm, nbytes, op, dtype):
-    settings(tuner="memory")  # no file: the trials run in these very calls
+@pytest.mark.parametrize("lease", [0, 3])  # the library's call first, or the trials at once
+def test_identical_calls_give_identical_bits_from_the_first_on(settings, comm, nbytes, op, dtype,
+                                                              lease):  # fmt: skip
+    settings(tuner="memory", lease=lease)  # no file: the trials run in these very calls
     rng = np.random.default_rng(1000 + comm.rank)
     x = (rng.standard_normal(nbytes // np.dtype(dtype).itemsize) * 1e3).astype(dtype)
     x[::7] *= 1e-6  # magnitudes far apart: each order of the sum rounds differently
     out = np.empty_like(x)
-    calls = 3 * (1 + tuner.timed_calls(nbytes)) + 2  # every trial, then the winner
+    calls = lease + 3 * (1 + tuner.timed_calls(nbytes)) + 2  # the lease, every trial, the winner
     problems, first = [], None
     with ringmpi.trace() as t:
         for i in range(calls):

@@ -18,11 +18,23 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
          "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
          "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_ACROSS", "RINGMPI_TIMEOUT",
          "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_PROGRESS", "RINGMPI_TUNER",
-         "RINGMPI_RETUNE_DAYS"]
+         "RINGMPI_RETUNE_DAYS", "RINGMPI_LEASE"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})
     for f in dataclasses.fields(Settings):
         assert getattr(empty, f.name) == getattr(none, f.name) == f.default, f.name
+
+
+@pytest.mark.parametrize(("value", "lease"), [("auto", None), (" 12 ", 12), ("0", 0), (7, 7)])
+def test_the_lease_is_auto_or_a_number_of_calls(value, lease):
+    assert Settings().changed(lease=value).lease == lease
+    assert Settings.from_environ({"RINGMPI_LEASE": str(value)}).lease == lease
+
+
+@pytest.mark.parametrize("value", ["-1", "many", 2.5, True])
+def test_a_bad_lease_is_named(value):
+    with pytest.raises(ValueError, match=r"lease must be auto or a whole number of calls >= 0"):
+        Settings().changed(lease=value)
 
 
 def test_values_are_parsed_from_the_environment():

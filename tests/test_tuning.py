@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 from conftest import auto_choice
@@ -150,3 +151,18 @@ def test_load_names_a_missing_or_bad_file(tmp_path, environ):
     environ.set("RINGMPI_TUNING", str(bad))
     with pytest.raises(ValueError, match=r"bad\.json' is not a tuning file"):
         tuning.load()
+
+
+def test_the_lease_costs_what_the_trials_cost_and_at_least_fifty_calls():
+    from ringmpi._settings import Settings
+    from ringmpi.algorithms import tuner
+
+    auto = Settings()
+    sizes = [0, 8, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 1 << 30]
+    calls = [tuner.lease_calls(n, auto) for n in sizes]
+    # 8 B: 6 ms of setup and 93 trial calls of 100 us and two library calls each,
+    # at 10 us a library call: 1,716 calls
+    assert calls[1] == math.ceil((6e-3 + 93 * (100e-6 + 2 * 10.0032e-6)) / 10.0032e-6) == 1716
+    assert calls == sorted(calls, reverse=True)  # larger calls earn the trials back sooner
+    assert min(calls) == tuner.LEAST_LEASE == calls[-1]
+    assert [tuner.lease_calls(n, auto.changed(lease=3)) for n in sizes] == [3] * len(sizes)

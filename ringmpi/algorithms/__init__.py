@@ -18,8 +18,9 @@ import time
 from typing import NamedTuple
 
 import numpy as np
+from mpi4py import MPI
 
-from .. import _engine, _settings, tuning
+from .. import _engine, _progress, _settings, tuning
 from .._comm import Context
 from ..kernels import Reduction
 
@@ -29,6 +30,7 @@ from ..kernels import Reduction
 from . import ring, latency, hierarchical, shared, chain, mpi  # noqa: F401
 
 # isort: on
+from . import mpi as _mpi
 from . import tuner as _tuner
 from .registry import (
     STALE,
@@ -56,6 +58,7 @@ __all__ = [
     "choose",
     "get",
     "half_algorithms",
+    "lease",
     "library_agrees",
     "lookup",
     "names",
@@ -142,6 +145,38 @@ _settings.check_with("algorithm", lookup)
 # The tuner leaves the library's MPI_Allreduce out from 2 GiB: counts from 2^31 are
 # refused by Open MPI 5.0 and summed wrong by Intel MPI 2021 (tests/test_mpi_stress.py).
 _LIBRARY_MAX_BYTES = 1 << 31
+
+
+def lease(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
+          timeout: float = 0.0) -> tuple[Call, bool] | None:  # fmt: skip
+    """Where auto's call of ``nbytes`` of ``red`` on ``comm`` (the user's communicator)
+    runs the library's own MPI_Allreduce as its size class's lease: that call made
+    ready (its compiled code counts the class's calls off, and once none are left
+    sends nothing and returns STALE), and whether it was made just now; else None
+    (the call goes on to auto's choice). A class is leased where the tuner would try
+    it (the library among the candidates, every candidate giving the same bits) and
+    does not know it yet, for its first ``tuner.lease_calls`` calls
+    (:mod:`ringmpi.algorithms.tuner`); only calls that compiled code can make
+    (:func:`ringmpi.algorithms.mpi.direct`), and not inside a nonblocking call's job
+    (whose calls run on ringmpi's own communicator). Decided before the
+    communicator's context is made: a class that never leaves its lease needs none."""
+    settings = _settings.current()
+    if (settings.tuner == "off" or settings.algorithm != "auto" or red.half
+            or (reproducible and order_matters(red)) or _progress.in_job[0]):  # fmt: skip
+        return None
+    size, count = comm.Get_size(), nbytes // red.dtype.itemsize
+    if (size == 1 or nbytes >= _LIBRARY_MAX_BYTES or not library_agrees(red)
+            or not answers_agree(red, size) or not _mpi.direct(red, count, timeout)):  # fmt: skip
+        return None
+    leases = _tuner.leases(comm, settings)
+    left = leases.left_of(comm, nbytes, settings)
+    if left[0] <= 0:
+        return None
+    key = (red.tag, count)
+    found = leases.calls.get(key)
+    if found is not None:
+        return found, False
+    return leases.calls.setdefault(key, _mpi.leased(red, comm, count, left)), True
 
 
 class _Trying(NamedTuple):

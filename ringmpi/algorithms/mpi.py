@@ -14,11 +14,11 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _direct
-from .._capi import handle
+from .. import _builtins, _direct, _progress
+from .._capi import CELL_COMM, CELL_DATATYPE, CELL_OP, CELL_OWN, handle, mpi_allreduce, peek, poke
 from .._comm import Context, complete, library_allreduce
 from ..kernels import DTYPES, Reduction
-from .registry import register
+from .registry import STALE, Call, register
 
 
 def mpi_allreduce_run(
@@ -39,11 +39,18 @@ def mpi_allreduce_run(
 _INT_MAX = 2**31 - 1
 
 
-def _cells(red: Reduction, ctx: Context, count: int) -> np.ndarray:
+def _cells(red: Reduction, comm: MPI.Comm, count: int) -> np.ndarray:
     # In CELL_* order; the datatype is the predefined one mpi4py itself sends this dtype as.
     return np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
-                     handle(red.mpi_op), handle(ctx.comm), count, _direct.number(red.dtype), 0, 0],
+                     handle(red.mpi_op), handle(comm), count, _direct.number(red.dtype), 0, 0],
                     np.int64)  # fmt: skip
+
+
+def direct(red: Reduction, count: int, timeout: float = 0.0) -> bool:
+    """Whether MPI_Allreduce of ``count`` elements of ``red`` can be made straight from
+    compiled code: not with a timeout (which polls the nonblocking call), nor for AVG
+    (which divides after), nor above a C int's count (mpi4py calls MPI_Allreduce_c)."""
+    return not timeout and count <= _INT_MAX and red.partials() is red
 
 
 def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
@@ -51,9 +58,51 @@ def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     for the API's repeat path; None where the call needs Python (a timeout polls
     the nonblocking call, AVG divides after, a count above a C int goes through
     mpi4py)."""
-    if timeout or count > _INT_MAX or red.partials() is not red:
+    if not direct(red, count, timeout):
         return None
-    return _direct.again_in_place, _direct.again_from, _cells(red, ctx, count)
+    return _direct.again_in_place, _direct.again_from, _cells(red, ctx.comm, count)
+
+
+# A leased call's cells (_cells' and then) the address of its class's cell of calls
+# left (see leased), and that of _progress.in_job.
+_LEFT, _IN_JOB = CELL_OWN, CELL_OWN + 1
+
+
+def _leased_call(cells, sbuf, rbuf, count):
+    """The C function of a leased call (_capi's CELL_FN): STALE, sending nothing,
+    once its class has no calls left or inside a nonblocking call's job; else one
+    call fewer left, and MPI_Allreduce."""
+    left = peek(cells + 8 * _LEFT)
+    calls = peek(left)
+    if calls <= 0 or peek(peek(cells + 8 * _IN_JOB)) != 0:
+        return STALE
+    poke(left, calls - 1)
+    datatype, op = peek(cells + 8 * CELL_DATATYPE), peek(cells + 8 * CELL_OP)
+    return np.int64(mpi_allreduce(sbuf, rbuf, count, datatype, op, peek(cells + 8 * CELL_COMM)))
+
+
+def leased(red: Reduction, comm: MPI.Intracomm, count: int, left: np.ndarray) -> Call:
+    """MPI_Allreduce of ``count`` elements of ``red`` on ``comm`` itself (the user's
+    communicator: the library's own collective needs no private one) while ``left``
+    (an int64 cell, shared by every call of a size class) holds calls left, each
+    call counting it down; then, and inside a nonblocking call's job, STALE,
+    sending nothing (the caller takes the full path, where auto's tuner goes on).
+    For :func:`direct` calls only."""
+    cells = np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
+                      handle(red.mpi_op), handle(comm), count, _direct.number(red.dtype),
+                      _builtins.compiled(_leased_call), 0, left.ctypes.data,
+                      _progress.in_job.ctypes.data], np.int64)  # fmt: skip
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        err = (_direct.again_in_place(work, cells) if source is work
+               else _direct.again_from(work, source, cells))  # fmt: skip
+        if err == STALE:  # no calls left, or other arrays: the call through mpi4py
+            MPI.Comm.Allreduce(comm, MPI.IN_PLACE if source is work else source, work, red.mpi_op)
+        elif err:
+            raise MPI.Exception(err)
+
+    again.left = left  # type: ignore[attr-defined]  # kept: its address is in the cells
+    return Call(again, cells, _direct.again_in_place, _direct.again_from)
 
 
 def warm(kinds) -> None:
@@ -67,6 +116,7 @@ def warm(kinds) -> None:
             _direct.again_in_place.compile((arr, cells))
             _direct.again_from.compile((arr, arr, cells))
     _direct.warm()
+    _builtins.compiled(_leased_call)
 
 
 register("mpi", mpi_allreduce_run, own=False, compiled=compiled, warm=warm,

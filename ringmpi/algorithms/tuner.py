@@ -30,6 +30,7 @@ cost model alone, as :func:`ringmpi.algorithms.choose` ranks it).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -37,15 +38,17 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, _host, _settings, _trace
-from .._comm import Context, library_allreduce
+from .. import __version__, _cache, _host, _settings, _trace
+from .._comm import Context, context, library_allreduce, made
 from .registry import fits, get, names, prepare
 
-__all__ = ["LIBRARY_MARGIN", "SHORTLIST", "TIMED", "Trial", "cache_file", "timed_calls", "tuner"]
+__all__ = ["LEAST_LEASE", "LIBRARY_MARGIN", "SHORTLIST", "TIMED", "Trial", "cache_file",
+           "lease_calls", "leases", "timed_calls", "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -327,6 +330,91 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
                 os.unlink(aside)
     except OSError as exc:
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
+
+
+# --- the lease: an untuned class's first calls run the library's own call -----------
+#
+# The trials cost more than the calls they replace: a context for the communicator,
+# each candidate's first call (its compiled call loaded, its window made), and per
+# trial call its own Python and a copy of the data. A program that makes few calls
+# of a size never earns that back. So an untuned class first runs the library's
+# MPI_Allreduce (which gives the candidates' answer, to the bit: the tuner tries only
+# where they all do) for as many calls as cost, at the library's estimated speed,
+# what the trials will cost beyond the library's calls (and at least LEAST_LEASE):
+# the rent-or-buy rule, whose total is at most twice that of the better of never
+# tuning and tuning at once, whichever the program turns out to need. A function of
+# the size alone, so that every rank counts the same calls and moves on at the same
+# one.
+LEAST_LEASE = 50
+# What the tuner's work costs, measured at 2 ranks on a 2-core host (examples/
+# first_calls.py): the first calls' setup, and a trial call's own Python and copy.
+_SETUP_S, _TRIAL_S = 6e-3, 100e-6
+# The library's MPI_Allreduce there, after a barrier: per call, and per byte.
+_LIBRARY_CALL_S, _LIBRARY_BYTE_S = 10e-6, 0.4e-9
+
+
+def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
+    """How many of an untuned class's first calls of ``nbytes`` run the library's call
+    before its trials: the ``lease`` setting, or (auto) as many as cost what the
+    trials will cost beyond the library's calls, at least LEAST_LEASE."""
+    if settings.lease is not None:
+        return settings.lease
+    library = _LIBRARY_CALL_S + nbytes * _LIBRARY_BYTE_S
+    trial = _TRIAL_S + (2 * library if nbytes <= _LEAD_BYTES else 0.0)  # the lead and a copy
+    trials = _SETUP_S + (SHORTLIST + 1) * (1 + timed_calls(nbytes)) * trial
+    return max(LEAST_LEASE, math.ceil(trials / library))
+
+
+class _Leases:
+    """A user communicator's leases: per size class, its calls left (an int64 cell that
+    the leased calls' compiled code counts down), and the leased calls made ready."""
+
+    def __init__(self, comm: MPI.Intracomm, settings: _settings.Settings) -> None:
+        self.left: dict[int, np.ndarray] = {}
+        self.calls: dict[tuple[int, int], Any] = {}  # by (op and dtype's tag, count)
+        # Whether the tuner's file existed (rank 0's, agreed): then the context is made
+        # at a class's first call, to read what the file knows of it.
+        found = cache_file(settings)
+        self.file = False
+        if found is not None:
+            exists = np.array([comm.rank == 0 and os.path.exists(found)])
+            comm.Bcast(exists, root=0)
+            self.file = bool(exists[0])
+
+    def left_of(self, comm: MPI.Intracomm, nbytes: int, settings: _settings.Settings):
+        """The cell of calls left of the lease of ``nbytes``'s class, made at the class's
+        first call: 0 where the tuner knows the class already (from its file, or from
+        this run). Collective where a tuner file is kept (every rank makes the same
+        calls, so every rank gets here alike)."""
+        klass = nbytes.bit_length()
+        left = self.left.get(klass)
+        if left is None:
+            ctx = context(comm) if self.file else made(comm)
+            if ctx is not None and ctx.tuner is None and self.file:
+                tuner(ctx, settings, *ctx.nodes(settings))  # reads the file
+            known = ctx is not None and ctx.tuner is not None and klass in ctx.tuner.known
+            calls = 0 if known else lease_calls(nbytes, settings)
+            left = self.left[klass] = np.array([calls], np.int64)
+        return left
+
+
+def _forget(comm: MPI.Comm, keyval: int, leases: _Leases) -> None:
+    _cache.changed()  # the remembered leased calls name the freed communicator
+
+
+_keyval: list[int] = []
+
+
+def leases(comm: MPI.Intracomm, settings: _settings.Settings) -> _Leases:
+    """``comm``'s leases (the user's communicator; an attribute of it, freed with it),
+    made at its first leased call: collective where a tuner file is kept."""
+    if not _keyval:
+        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_forget))
+    found = cast("_Leases | None", comm.Get_attr(_keyval[0]))
+    if found is None:
+        found = _Leases(comm, settings)
+        comm.Set_attr(_keyval[0], found)
+    return found
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

@@ -10,6 +10,7 @@
     ringmpi.Reduce_scatter_block(x, mine); ringmpi.Allgather(mine, x)  # the ring's halves
     total = ringmpi.allreduce(x)                              # a new array
     ringmpi.allreduce_many(grads_list, op=ringmpi.AVG)        # many arrays, few collectives
+    x = ringmpi.zeros(n); ringmpi.Allreduce(MPI.IN_PLACE, x)  # in the node's window: one copy
     comm = ringmpi.Comm(MPI.COMM_WORLD)                       # or wrap the communicator
     ringmpi.configure(timeout=30)                             # settings, as RINGMPI_TIMEOUT
     ringmpi.warm(np.float32)                                  # compile before timing starts
@@ -46,8 +47,10 @@ __all__ = [
     "allreduce_many",
     "configure",
     "configured",
+    "empty",
     "trace",
     "warm",
+    "zeros",
 ]
 
 __version__ = "0.1.0"
@@ -77,8 +80,10 @@ _WHERE = {
     "allreduce_many": "buckets",
     "configure": "_api",  # which loads the registry, whose names configure checks
     "configured": "_api",
+    "empty": "algorithms.symmetric",
     "trace": "_trace",
     "warm": "_api",
+    "zeros": "algorithms.symmetric",
 }
 
 if TYPE_CHECKING:
@@ -98,6 +103,7 @@ if TYPE_CHECKING:
     )
     from ._trace import Trace, trace
     from ._wrapper import Comm
+    from .algorithms.symmetric import empty, zeros
     from .buckets import allreduce_many
     from .kernels import AVG
 

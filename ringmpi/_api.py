@@ -187,6 +187,7 @@ def _library_allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: MPI.Comm,
 _NOW, _TRACES, _PENDING = _settings._now, _trace._active, _progress.pending
 _IN_PLACE, _STALE = MPI.IN_PLACE, algorithms.STALE
 _entries, _latest = _repeat.entries, _repeat.latest
+_WINDOWS = algorithms.symmetric.regions
 
 # What users call: a builtin that runs repeats of the library's call from C
 # (ringmpi._direct) and every other call through the function above.
@@ -282,6 +283,8 @@ def _run(
     (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once or
     at its first repeat; None where it is not to be repeated so (a validated call, a
     trial of auto's tuner)."""
+    if _WINDOWS and algorithm == "auto" and algorithms.symmetric.pays(recv, send, count, red):
+        algorithm = "symmetric"  # window-resident arrays: read where they lie
     if (algorithm == "auto" and not validate and recv.flags.c_contiguous
             and (send is None or send.flags.c_contiguous)):  # fmt: skip
         leased = algorithms.lease(comm, count * recv.itemsize, red, reproducible, timeout)

@@ -172,6 +172,9 @@ SKIPPED: dict[str, str] = {
     "RINGMPI_TUNER=$(mktemp -d) mpirun -n 2 python examples/hot_loop.py --max 1G --off-cache": (
         "about 60 s and 6 GiB at 2 ranks (1 GiB arrays); test_example.py runs the script"
     ),
+    "mpirun -n 2 python examples/symmetric.py": (
+        "about 30 s and 6 GiB at 2 ranks (1 GiB arrays); test_example.py runs the script"
+    ),
     # rewrites a tracked page
     "python -m ringmpi reliability --write docs/reliability.md": (
         "rewrites its page; about 6 minutes (make test runs its cases)"

@@ -1,4 +1,4 @@
-"""examples/train_digits.py and examples/hot_loop.py as a user runs them: under mpirun,
+"""examples/train_digits.py, hot_loop.py and symmetric.py as a user runs them: under mpirun,
 from the command line."""
 
 from __future__ import annotations
@@ -51,3 +51,14 @@ def test_the_hot_loop_off_the_cache_loops_over_enough_arrays_and_stays_exact(tmp
         ("True", buffer_sets(int(r[0]), 1 << 20, 2, 64, buffers=1)) for r in rows
     ]
     assert [int(r[-1]) for r in rows] == [64, 64, 64, 64, 32]
+
+
+def test_window_resident_arrays_run_symmetric_from_64_mib_and_stay_exact():
+    script = SCRIPT.parent / "symmetric.py"
+    cmd = [*_mpirun(), "-n", "2", sys.executable, str(script), "--min", "64M", "--max", "64M",
+           "--rounds", "1"]  # fmt: skip
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.strip().splitlines()[2:]]
+    assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [(64 << 20, "True", "(symmetric)")]

@@ -27,7 +27,7 @@ from ..kernels import Reduction
 # Importing a module registers its algorithm, in this order: auto's ties go to the
 # first registered, and -a all lists them so.
 # isort: off
-from . import ring, latency, hierarchical, shared, chain, mpi  # noqa: F401
+from . import ring, latency, hierarchical, shared, chain, mpi, symmetric  # noqa: F401
 
 # isort: on
 from . import mpi as _mpi

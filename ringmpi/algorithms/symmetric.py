@@ -1,0 +1,315 @@
+"""Window-resident ("symmetric") arrays: an all-reduce that reads the others' data where it lies.
+
+``ringmpi.empty`` and ``ringmpi.zeros`` (collective over a communicator whose
+ranks share one node) place each rank's array in a node window, at the same
+place of every rank's segment::
+
+    rank 0's segment:  [header | array ........................]
+    rank 1's segment:  [header | array ........................]
+                                 chunk 0      | chunk 1
+
+An all-reduce of such arrays copies no buffer into a window first. Rank r owns
+chunk r (``r * n // L`` to ``(r + 1) * n // L``, L ranks), and the call runs
+in two phases:
+
+1. reduce-scatter in place: rank r folds chunk r of every rank's input, in rank
+   order, into chunk r of its own output (a block at a time, through a scratch
+   that stays in cache: the fold reads its own chunk too);
+2. all-gather by reading: rank r copies chunk k of rank k's output into its
+   own, for every k != r.
+
+Three waits on the ranks' flags (one each in their headers): every input is
+ready; every chunk is folded; every rank has read the others' chunks, before
+any array may change again. Memory traffic a rank: it reads the inputs' chunk
+(n) and the others' chunks ((L-1)/L n) and writes its chunk (n/L) and the
+others' ((L-1)/L n): 2.5 n at 2 ranks, against shared_memory's copy into its
+window, fold and store (about 4 n). Every element is folded once, in rank
+order, and copied: the result is the left fold in rank order, bitwise the same
+on every rank.
+
+Every rank must pass the same place of the same allocation (each announces
+its count, (op, dtype) and places in its header, and every rank raises where
+one differs). Arrays of other memory go through shared_memory's window (the
+same fold, the same bits); a rank whose array is window-resident waits for the
+others in its window, so every rank must pass such arrays or none. The windows
+are freed with the communicator: an array from ``ringmpi.empty`` must not be
+used after that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numba
+import numpy as np
+from mpi4py import MPI
+
+from .. import _settings
+from .._capi import handle
+from .._comm import Context, check_comm, context
+from .._copy import stream_bytes
+from .._errors import RingMPIError
+from .._ops import divide_by, fold_in_order_by_code
+from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
+from .._shm import all_up, node_window, raise_flag
+from ..kernels import Reduction
+from .registry import fits, get, register
+
+__all__ = ["AUTO_FROM_BYTES", "MOST_WINDOWS", "empty", "pays", "regions", "resident", "zeros"]
+
+_HEADER_BYTES = 4096  # a rank's segment opens with its header, then the array
+_ROUND = 4096  # an array's bytes, rounded up: every segment the same size
+# Header cells (int64): the flag, then what this rank's call announces.
+_FLAG, _COUNT, _TAG, _SRC, _DST = range(5)
+# The loop's parameters after the report header.
+_RANK, _SIZE, _FSTRIDE, _LSTRIDE, _WIN, _NPARAMS = range(HEADER, HEADER + 6)
+_BLOCK = 2048  # lanes folded at a time into the scratch
+_WAITS = ("every rank's input to be ready", "every rank to fold its chunk",
+          "every rank to read the others' chunks")  # fmt: skip
+_PLACE = -1  # a DISAGREE report's count: the ranks' arrays lie at other places
+# Live windows a process may hold: each holds a communicator, and MPICH's run out
+# near 2,000 (a crash, not an error).
+MOST_WINDOWS = 1024
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _copy(dst, at, src, frm, k):
+    """``dst[at : at + k] = src[frm : frm + k]`` (apart, or the same array at places
+    that do not overlap), as a loop over two slices, which LLVM vectorizes."""
+    d, c = dst[at : at + k], src[frm : frm + k]
+    for i in range(k):
+        d[i] = c[i]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
+    """All-reduce the ``n`` lanes at lane ``src`` of every rank's segment of ``window``
+    into those at ``dst`` (the same in place); see the module docstring. ``flags``
+    is the window as int64, ``params`` the report header, then _RANK ... cells,
+    then the report."""
+    code, tag, sleepy, timeout, _, _, err = header(params)
+    rank, size, fstride, lstride, win = (params[_RANK], params[_SIZE], params[_FSTRIDE],
+                                         params[_LSTRIDE], params[_WIN])  # fmt: skip
+    err[0] = 0
+    me = rank * fstride
+    flags[me + _COUNT], flags[me + _TAG], flags[me + _SRC], flags[me + _DST] = n, tag, src, dst
+    raise_flag(flags, me, win)
+    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, 0, late, 0
+        return
+    for r in range(size):
+        at = r * fstride
+        if flags[at + _COUNT] != n or flags[at + _TAG] != tag:
+            err[0], err[1], err[2], err[3], err[4] = (
+                DISAGREE,
+                0,
+                r,
+                flags[at + _COUNT],
+                flags[at + _TAG],
+            )
+            return
+        if flags[at + _SRC] != src or flags[at + _DST] != dst:
+            err[0], err[1], err[2], err[3], err[4] = DISAGREE, 0, r, _PLACE, flags[at + _DST]
+            return
+    lo, hi = rank * n // size, (rank + 1) * n // size
+    mine = rank * lstride + dst
+    j = lo
+    while j < hi:
+        b = min(scratch.size, hi - j)
+        acc = scratch[:b]
+        fold_in_order_by_code(acc, acc, window, lstride, src + j, -1, size, code)
+        if divisor.size > 0:
+            divide_by(acc, divisor)
+        _copy(window, mine + j, acc, 0, b)
+        j += b
+    raise_flag(flags, me, win)
+    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, 1, late, 1
+        return
+    for r in range(size):
+        if r != rank:
+            rlo, rhi = r * n // size, (r + 1) * n // size
+            theirs = r * lstride + dst
+            stream_bytes(
+                window[mine + rlo : mine + rhi].view(np.uint8),
+                window[theirs + rlo : theirs + rhi].view(np.uint8),
+            )
+    raise_flag(flags, me, win)
+    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, 2, late, 2
+
+
+@dataclass(eq=False)
+class _Allocation:
+    """One ``ringmpi.empty``: a node window, its rank segments all ``segment`` bytes."""
+
+    ctx: Context
+    win: MPI.Win
+    flat: np.ndarray  # the whole window, bytes: rank r's segment from r * segment
+    segment: int
+    nbytes: int  # the array's bytes
+    start: int  # the address of this rank's array
+    calls: dict[tuple, tuple] = field(default_factory=dict)  # by (op and dtype's tag, timeout)
+
+    def free(self) -> None:
+        regions[:] = [r for r in regions if r[2] is not self]
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class _Windows:
+    """A communicator's allocations (the record's state), freed with it."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.made: list[_Allocation] = []
+
+    def free(self) -> None:
+        for a in self.made:
+            a.free()
+        self.made.clear()
+
+
+# This rank's arrays: (first address, end address, allocation); empty almost always,
+# so that a call tests nothing more.
+regions: list[tuple[int, int, _Allocation]] = []
+
+
+def empty(shape: Any, dtype: Any = np.float32, comm: MPI.Intracomm | None = None) -> np.ndarray:
+    """A C-contiguous array of ``shape`` and ``dtype`` in a node window, uninitialized:
+    collective over ``comm`` (default ``MPI.COMM_WORLD``), whose ranks must share one
+    node and ask for the same shape and dtype. ``ringmpi.Allreduce`` (auto, or
+    ``algorithm="symmetric"``) of such arrays, in place or from one to another of
+    the same allocation, reads the others' data where it lies. Freed with ``comm``."""
+    given = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    dims = tuple(int(d) for d in given)
+    kind = np.dtype(dtype)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"ringmpi.empty: negative dimensions in shape {dims}")
+    nbytes = math.prod(dims) * kind.itemsize
+    if len(regions) >= MOST_WINDOWS:
+        raise RuntimeError(f"ringmpi.empty: {len(regions)} windows are live in this process, "
+                           "the most it makes (each holds a communicator, and MPI has few); "
+                           "allocate fewer, larger arrays, or free a communicator that "
+                           "holds some")  # fmt: skip
+    ctx = context(check_comm(comm))
+    if not fits(SYMMETRIC, ctx):
+        raise ValueError(f"ringmpi.empty: window-resident arrays need every rank of the "
+                         f"communicator on one node; {ctx.size} ranks span "
+                         f"{ctx.nodes(_settings.current())[0]} nodes")  # fmt: skip
+    sizes = ctx.comm.allgather(nbytes)
+    if len(set(sizes)) > 1:
+        raise ValueError(f"ringmpi.empty: ranks disagree on the array's bytes: {sizes} by rank")
+    segment = _HEADER_BYTES + -(-max(nbytes, 1) // _ROUND) * _ROUND
+    win, flat = node_window(ctx.node, segment)
+    flat[ctx.rank * segment : ctx.rank * segment + _HEADER_BYTES] = 0
+    ctx.node.Barrier()  # every header zeroed before any rank raises its flag
+    at = ctx.rank * segment + _HEADER_BYTES
+    array = flat[at : at + nbytes].view(kind).reshape(dims)
+    made = _Allocation(ctx, win, flat, segment, nbytes, int(array.ctypes.data))
+    ctx.state(SYMMETRIC).made.append(made)
+    regions.append((made.start, made.start + nbytes, made))
+    return array
+
+
+def zeros(shape: Any, dtype: Any = np.float32, comm: MPI.Intracomm | None = None) -> np.ndarray:
+    """:func:`empty`, filled with zeros."""
+    array = empty(shape, dtype, comm)
+    array[...] = 0
+    return array
+
+
+# Auto runs it from this size: below, shared_memory's pieces through a window in
+# cache are as fast or faster (its three waits cost more than they save); from
+# 64 MiB, beyond this host's caches, it took 0.67 of shared_memory's time, the
+# median of seven launches (docs/performance.md).
+AUTO_FROM_BYTES = 64 << 20
+
+
+def pays(recv: np.ndarray, send: np.ndarray | None, count: int, red: Reduction) -> bool:
+    """Whether auto runs this call of ``count`` elements as ``symmetric``: the arrays
+    window-resident (both, from one allocation; ``send`` None: in place), C-contiguous,
+    at least AUTO_FROM_BYTES, not a half type."""
+    if red.half or count != recv.size or count * recv.itemsize < AUTO_FROM_BYTES:
+        return False
+    if not recv.flags.c_contiguous or (send is not None and not send.flags.c_contiguous):
+        return False
+    out = resident(recv)
+    return out is not None and (send is None or (resident(send) or (None,))[0] is out[0])
+
+
+def resident(array: np.ndarray, ctx: Context | None = None) -> tuple[_Allocation, int] | None:
+    """(allocation, byte offset in this rank's segment) of ``array`` if it lies in a
+    window of ``ringmpi.empty`` (on ``ctx``'s communicator, where given), else None."""
+    if not regions:
+        return None
+    start = array.ctypes.data
+    end = start + array.nbytes
+    for first, last, made in regions:
+        if first <= start and end <= last and (ctx is None or made.ctx is ctx):
+            return made, start - (first - _HEADER_BYTES)
+    return None
+
+
+def symmetric_run(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | None = None,
+                  timeout: float = 0.0) -> None:  # fmt: skip
+    """Window-resident arrays: each rank folds its chunk from the others' arrays where
+    they lie, then copies the others' chunks."""
+    out = resident(work, ctx)
+    inp = out if source is None else resident(source, ctx)
+    if out is None or inp is None or inp[0] is not out[0]:  # the same result, through a copy
+        get("shared_memory").run(work, red, ctx, source, timeout)
+        return
+    made = out[0]
+    lanes = red.lanes(np.zeros(0, red.dtype)).dtype
+    key = (red.tag, timeout)
+    found = made.calls.get(key)
+    if found is None:
+        params = parameters(_NPARAMS, code=red.code, tag=red.tag, sleepy=ctx.sleepy,
+                            timeout=timeout)  # fmt: skip
+        params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, made.segment // 8,
+                                  made.segment // lanes.itemsize, handle(made.win))  # fmt: skip
+        found = made.calls[key] = (params, made.flat.view(lanes), made.flat.view(np.int64),
+                                   red.divisor(ctx.size), np.empty(_BLOCK, lanes))  # fmt: skip
+    params, window, flags, divisor, scratch = found
+    per = work.dtype.itemsize // lanes.itemsize
+    n = work.size * per
+    if ctx.size == 1:
+        if source is not None:
+            work[...] = source
+        return
+    _allreduce(window, flags, inp[1] // lanes.itemsize, out[1] // lanes.itemsize, n, scratch,
+               params, divisor)  # fmt: skip
+    if params.item(_NPARAMS):
+        _raise(params[_NPARAMS:], n // per, red, ctx, timeout)
+
+
+def _raise(report: np.ndarray, count: int, red: Reduction, ctx: Context, timeout: float) -> None:
+    cells = report.copy()
+    if cells[0] == DISAGREE and cells[3] == _PLACE:
+        raise RingMPIError(f"rank {ctx.rank}: symmetric: rank {cells[2]}'s arrays lie at another "
+                           "place of the window than this rank's: every rank must pass the same "
+                           "place of the same allocation of ringmpi.empty")  # fmt: skip
+    per = red.lanes(np.zeros(1, red.dtype)).size
+    if cells[0] == DISAGREE:
+        cells[3] //= per
+    raise_from(cells, ctx, timeout, lambda phase: f"rank {ctx.rank}: symmetric phase {phase}",
+               lambda r: f"rank {r}", count=count, tag=red.tag,
+               waiting=lambda who, stage: f"{who} ({_WAITS[stage]})")  # fmt: skip
+
+
+# Arrays of other memory (and the half types) go through shared_memory's window: the
+# same fold in rank order, so the same bits. Auto runs it where the arrays are
+# window-resident (ringmpi._api), and nowhere else.
+SYMMETRIC = register("symmetric", symmetric_run, one_node=True, auto=False, keeps_order=True,
+                     state=_Windows, half=get("shared_memory").half)  # fmt: skip
+
+
+if __name__ == "__main__":  # a module, not a program: say where the tool is
+    from ringmpi._program import not_a_program
+
+    not_a_program()

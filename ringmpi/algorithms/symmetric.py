@@ -57,7 +57,8 @@ from .._shm import all_up, node_window, raise_flag
 from ..kernels import Reduction
 from .registry import fits, get, register
 
-__all__ = ["AUTO_FROM_BYTES", "MOST_WINDOWS", "empty", "pays", "regions", "resident", "zeros"]
+__all__ = ["AUTO_FROM_BYTES", "MOST_WINDOWS", "empty", "pays", "regions", "resident", "warm",
+           "zeros"]  # fmt: skip
 
 _HEADER_BYTES = 4096  # a rank's segment opens with its header, then the array
 _ROUND = 4096  # an array's bytes, rounded up: every segment the same size
@@ -302,11 +303,19 @@ def _raise(report: np.ndarray, count: int, red: Reduction, ctx: Context, timeout
                waiting=lambda who, stage: f"{who} ({_WAITS[stage]})")  # fmt: skip
 
 
+def warm(kinds) -> None:
+    """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``."""
+    i64 = numba.typeof(np.zeros(1, np.int64))
+    for dt in kinds:
+        arr = numba.typeof(np.zeros(1, dt))
+        _allreduce.compile((arr, i64, numba.int64, numba.int64, numba.int64, arr, i64, arr))
+
+
 # Arrays of other memory (and the half types) go through shared_memory's window: the
 # same fold in rank order, so the same bits. Auto runs it where the arrays are
 # window-resident (ringmpi._api), and nowhere else.
 SYMMETRIC = register("symmetric", symmetric_run, one_node=True, auto=False, keeps_order=True,
-                     state=_Windows, half=get("shared_memory").half)  # fmt: skip
+                     state=_Windows, half=get("shared_memory").half, warm=warm)  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

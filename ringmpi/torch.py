@@ -1,4 +1,5 @@
-"""PyTorch: a DistributedDataParallel communication hook that averages through ringmpi.
+"""PyTorch: a DistributedDataParallel communication hook that averages through ringmpi,
+and tensors in the node's window (:func:`empty`, :func:`zeros`).
 
 ::
 
@@ -16,6 +17,7 @@ communicator's ranks must be the process group's, in the same order
 # No `from __future__ import annotations`: DDP checks the hook's annotations as objects.
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -23,7 +25,7 @@ from mpi4py import MPI
 from . import _api
 from .kernels import AVG
 
-__all__ = ["allreduce_hook", "init_process_group"]
+__all__ = ["allreduce_hook", "empty", "init_process_group", "zeros"]
 
 
 def init_process_group(comm: MPI.Intracomm | None = None, backend: str = "gloo") -> None:
@@ -63,6 +65,28 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
 
     _api.start(tensor, AVG, comm, then)
     return future
+
+
+def empty(shape: Any, dtype: torch.dtype = torch.float32,
+          comm: MPI.Intracomm | None = None) -> torch.Tensor:  # fmt: skip
+    """A CPU tensor in the node's window, uninitialized: the memory of
+    :func:`ringmpi.empty` (collective over ``comm``; every rank on one node), which
+    ``ringmpi.Allreduce`` reads where it lies. bfloat16 is allocated as 16-bit
+    integers and viewed as it (NumPy has no bfloat16)."""
+    from . import empty as window_empty  # noqa: PLC0415 -- (the package's lazy names)
+
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(window_empty(shape, np.uint16, comm)).view(torch.bfloat16)
+    kind = torch.empty(0, dtype=dtype).numpy().dtype
+    return torch.from_numpy(window_empty(shape, kind, comm))
+
+
+def zeros(shape: Any, dtype: torch.dtype = torch.float32,
+          comm: MPI.Intracomm | None = None) -> torch.Tensor:  # fmt: skip
+    """:func:`empty`, filled with zeros."""
+    tensor = empty(shape, dtype, comm)
+    tensor.zero_()
+    return tensor
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

@@ -79,3 +79,18 @@ def test_cpu_tensors_go_through_every_call():
     want = np.arange(6) * SIZE * (SIZE + 1) // 2
     problems += [] if np.array_equal(out.numpy(), want) else [f"SUM {out}"]
     agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
+def test_window_tensors_are_reduced_where_they_lie(dtype):
+    from ringmpi.algorithms import symmetric
+
+    t = ringmpi.torch.zeros((3, 100), dtype)
+    assert t.dtype == dtype and t.shape == (3, 100) and t.is_contiguous()
+    assert symmetric.resident(t.view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy())
+    i = torch.arange(300).reshape(3, 100) % 50  # every sum exact in bfloat16 too
+    t += (i + RANK).to(dtype)
+    with ringmpi.trace() as tr:
+        ringmpi.Allreduce(MPI.IN_PLACE, t, algorithm="symmetric")
+    assert torch.equal(t.to(torch.float64), (SIZE * i + SIZE * (SIZE - 1) // 2).to(torch.float64))
+    assert tr.ran == ["symmetric"]

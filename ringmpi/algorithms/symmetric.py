@@ -84,6 +84,19 @@ def _copy(dst, at, src, frm, k):
         d[i] = c[i]
 
 
+@numba.njit(cache=True, nogil=True)
+def _everyone(flags, me, size, fstride, win, sleepy, timeout, err, wait):
+    """Raise this rank's flag (at ``me``) and wait until every rank's has reached it:
+    whether they all came; else the report names the first late rank, and ``wait``
+    (the index of _WAITS: what it waited for)."""
+    raise_flag(flags, me, win)
+    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
+    if late >= 0:
+        err[0], err[1], err[2], err[3] = TIMED_OUT, wait, late, wait
+        return False
+    return True
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
     """All-reduce the ``n`` lanes at lane ``src`` of every rank's segment of ``window``
@@ -96,21 +109,13 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
     err[0] = 0
     me = rank * fstride
     flags[me + _COUNT], flags[me + _TAG], flags[me + _SRC], flags[me + _DST] = n, tag, src, dst
-    raise_flag(flags, me, win)
-    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
-    if late >= 0:
-        err[0], err[1], err[2], err[3] = TIMED_OUT, 0, late, 0
+    if not _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 0):
         return
     for r in range(size):
         at = r * fstride
         if flags[at + _COUNT] != n or flags[at + _TAG] != tag:
-            err[0], err[1], err[2], err[3], err[4] = (
-                DISAGREE,
-                0,
-                r,
-                flags[at + _COUNT],
-                flags[at + _TAG],
-            )
+            their_n, their_tag = flags[at + _COUNT], flags[at + _TAG]
+            err[0], err[1], err[2], err[3], err[4] = DISAGREE, 0, r, their_n, their_tag
             return
         if flags[at + _SRC] != src or flags[at + _DST] != dst:
             err[0], err[1], err[2], err[3], err[4] = DISAGREE, 0, r, _PLACE, flags[at + _DST]
@@ -126,10 +131,7 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
             divide_by(acc, divisor)
         _copy(window, mine + j, acc, 0, b)
         j += b
-    raise_flag(flags, me, win)
-    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
-    if late >= 0:
-        err[0], err[1], err[2], err[3] = TIMED_OUT, 1, late, 1
+    if not _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 1):
         return
     for r in range(size):
         if r != rank:
@@ -139,10 +141,7 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
                 window[mine + rlo : mine + rhi].view(np.uint8),
                 window[theirs + rlo : theirs + rhi].view(np.uint8),
             )
-    raise_flag(flags, me, win)
-    late = all_up(flags, size, fstride, flags[me], win, sleepy, timeout, False)
-    if late >= 0:
-        err[0], err[1], err[2], err[3] = TIMED_OUT, 2, late, 2
+    _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 2)
 
 
 @dataclass(eq=False)

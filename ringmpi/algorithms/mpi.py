@@ -39,11 +39,12 @@ def mpi_allreduce_run(
 _INT_MAX = 2**31 - 1
 
 
-def _cells(red: Reduction, comm: MPI.Comm, count: int) -> np.ndarray:
-    # In CELL_* order; the datatype is the predefined one mpi4py itself sends this dtype as.
+def _cells(red: Reduction, comm: MPI.Comm, count: int, fn: int = 0, *own: int) -> np.ndarray:
+    # In CELL_* order, then ``own`` from CELL_OWN; the datatype is the predefined one
+    # mpi4py itself sends this dtype as.
     return np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
-                     handle(red.mpi_op), handle(comm), count, _direct.number(red.dtype), 0, 0],
-                    np.int64)  # fmt: skip
+                     handle(red.mpi_op), handle(comm), count, _direct.number(red.dtype), fn, 0,
+                     *own], np.int64)  # fmt: skip
 
 
 def direct(red: Reduction, count: int, timeout: float = 0.0) -> bool:
@@ -88,10 +89,8 @@ def leased(red: Reduction, comm: MPI.Intracomm, count: int, left: np.ndarray) ->
     call counting it down; then, and inside a nonblocking call's job, STALE,
     sending nothing (the caller takes the full path, where auto's tuner goes on).
     For :func:`direct` calls only."""
-    cells = np.array([int(MPI.IN_PLACE), handle(MPI._typedict[red.dtype.char]),
-                      handle(red.mpi_op), handle(comm), count, _direct.number(red.dtype),
-                      _builtins.compiled(_leased_call), 0, left.ctypes.data,
-                      _progress.in_job.ctypes.data], np.int64)  # fmt: skip
+    cells = _cells(red, comm, count, _builtins.compiled(_leased_call), left.ctypes.data,
+                   _progress.in_job.ctypes.data)  # fmt: skip
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
         err = (_direct.again_in_place(work, cells) if source is work

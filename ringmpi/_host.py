@@ -1,6 +1,7 @@
 """The machine the tuner's choices were measured on: its CPU model, last-level
 cache and cores, as the tuner's file names it (a host that changed is tuned
-again), and the cache that the benchmarks' ``--off-cache`` times beyond."""
+again), the cache that the benchmarks' ``--off-cache`` times beyond, and the cores
+a rank may use for its own threads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import functools
 import os
 import platform
 
-__all__ = ["cpu_model", "describe", "last_level_cache"]
+from . import _settings
+
+__all__ = ["cores_share", "cpu_model", "describe", "last_level_cache", "threads"]
 
 
 def cpu_model() -> str:
@@ -31,6 +34,51 @@ def describe() -> str:
     cache = last_level_cache()
     said = f"{cache >> 20} MiB" if cache >= 1 << 20 else f"{cache >> 10} KiB" if cache else "no"
     return f"{cpu_model()}, {said} last-level cache, {os.cpu_count() or 1} cores"
+
+
+def cores_share(masks: list[frozenset[int]], mine: int) -> int:
+    """Rank ``mine``'s share of the cores its affinity mask holds, of a node whose ranks
+    have ``masks``: each core counts 1/k toward each of the k ranks whose masks hold
+    it (ranks bound to their own cores get them all; unbound ranks split the node),
+    rounded down, at least 1."""
+    held: dict[int, int] = {}
+    for mask in masks:
+        for cpu in mask:
+            held[cpu] = held.get(cpu, 0) + 1
+    return max(1, int(sum(1.0 / held[cpu] for cpu in masks[mine]) + 1e-9))
+
+
+def affinity() -> frozenset[int]:
+    """The CPUs this process may run on (all online where the system does not say)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def threads(setting: int | None, share: int) -> int:
+    """The threads a rank's node reductions use: the ``threads`` setting, or (None,
+    auto) its share of the cores, at most Numba's thread pool (``NUMBA_NUM_THREADS``)."""
+    return max(1, min(setting or share, _pool()))
+
+
+def _pool() -> int:
+    """Threads in Numba's pool (``NUMBA_NUM_THREADS``; its default: the cores)."""
+    import numba  # noqa: PLC0415 -- only where a rank's threads are asked for
+
+    return int(getattr(numba.config, "NUMBA_NUM_THREADS"))  # noqa: B009 -- set at import
+
+
+def _check_threads(value: int, says: str) -> None:
+    pool = _pool()
+    if value > pool:
+        raise ValueError(
+            f"{says}={value} is more than Numba's thread pool holds "
+            f"(NUMBA_NUM_THREADS={pool}): set NUMBA_NUM_THREADS to {value} or more"
+        )
+
+
+_settings.check_with("threads", _check_threads)
 
 
 def last_level_cache() -> int:

@@ -118,6 +118,19 @@ def _lease(value: Any, says: str) -> int | None:
     return number
 
 
+def _threads(value: Any, says: str) -> int | None:
+    """A number of threads >= 1, or None for auto (unset, empty, "auto")."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "auto")):
+        return None
+    try:
+        number = int(value) if not isinstance(value, (bool, float)) else None
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < 1:
+        raise ValueError(f"{says} must be auto or a whole number of threads >= 1, not {value!r}")
+    return number
+
+
 def _setting(default: object, parse, doc: str):
     return field(default=default, metadata={"parse": parse, "doc": doc})
 
@@ -144,6 +157,8 @@ class Settings:
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")
     lease: int | None = _setting(None, _lease, "untuned classes' first calls that run the "
                                  "library's call before the tuner: auto or a number")  # fmt: skip
+    threads: int | None = _setting(None, _threads, "threads of a rank's node reductions: auto "
+                                   "(its share of the cores) or a number")  # fmt: skip
 
     @staticmethod
     def variable(name: str) -> str:

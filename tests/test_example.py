@@ -1,5 +1,5 @@
-"""examples/train_digits.py, hot_loop.py and symmetric.py as a user runs them: under mpirun,
-from the command line."""
+"""examples/train_digits.py, hot_loop.py, symmetric.py and threads.py as a user runs them:
+under mpirun, from the command line."""
 
 from __future__ import annotations
 
@@ -62,3 +62,15 @@ def test_window_resident_arrays_run_symmetric_from_64_mib_and_stay_exact():
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.strip().splitlines()[2:]]
     assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [(64 << 20, "True", "(symmetric)")]
+
+
+def test_threads_per_rank_give_one_threads_bits_and_the_exact_sum():
+    # 3 ranks (uneven chunks), a count that no thread count divides, 1-4 threads a rank
+    script = SCRIPT.parent / "threads.py"
+    cmd = [*_mpirun(), "-n", "3", sys.executable, str(script), "--size", "1000004",
+           "--threads", "1,2,3,4", "--rounds", "1"]  # fmt: skip
+    env = {**os.environ, "NUMBA_NUM_THREADS": "4"}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr
+    rows = [line.split() for line in p.stdout.strip().splitlines()[2:]]
+    assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [(t, "True", "True") for t in (1, 2, 3, 4)]

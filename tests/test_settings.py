@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numba
 import pytest
 
 import ringmpi
-from ringmpi import _settings
+from ringmpi import _host, _settings
 from ringmpi._settings import Settings
 
 
@@ -18,7 +19,7 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
          "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
          "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_ACROSS", "RINGMPI_TIMEOUT",
          "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_PROGRESS", "RINGMPI_TUNER",
-         "RINGMPI_RETUNE_DAYS", "RINGMPI_LEASE"]
+         "RINGMPI_RETUNE_DAYS", "RINGMPI_LEASE", "RINGMPI_THREADS"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})
     for f in dataclasses.fields(Settings):
@@ -35,6 +36,41 @@ def test_the_lease_is_auto_or_a_number_of_calls(value, lease):
 def test_a_bad_lease_is_named(value):
     with pytest.raises(ValueError, match=r"lease must be auto or a whole number of calls >= 0"):
         Settings().changed(lease=value)
+
+
+@pytest.mark.parametrize(("value", "threads"), [("auto", None), (" 2 ", 2), (1, 1), ("", None)])
+def test_threads_are_auto_or_a_number(monkeypatch, value, threads):
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 4)
+    assert Settings().changed(threads=value).threads == threads
+    assert Settings.from_environ({"RINGMPI_THREADS": str(value)}).threads == threads
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many", 2.5, True])
+def test_bad_threads_are_named(value):
+    with pytest.raises(ValueError, match=r"threads must be auto or a whole number of threads >= 1"):
+        Settings().changed(threads=value)
+
+
+def test_more_threads_than_numbas_pool_are_named(monkeypatch):
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", 2)
+    with pytest.raises(ValueError, match=r"RINGMPI_THREADS=3 is more than Numba's thread pool "
+                                         r"holds \(NUMBA_NUM_THREADS=2\): set NUMBA_NUM_THREADS "
+                                         r"to 3 or more"):  # fmt: skip
+        Settings.from_environ({"RINGMPI_THREADS": "3"})
+
+
+@pytest.mark.parametrize(("masks", "shares"), [
+    ([{0, 1, 2, 3}] * 2, [2, 2]),  # unbound: the node's cores split
+    ([{0, 1, 2, 3}] * 3, [1, 1, 1]),  # 4/3 each, rounded down
+    ([{0, 1}, {2, 3, 4, 5}], [2, 4]),  # bound: each its own
+    ([{0, 1, 2, 3}, {2, 3}], [3, 1]),  # overlapping: a shared core counts half to each
+    ([{0}] * 4, [1, 1, 1, 1]),  # crowded: at least one
+])  # fmt: skip
+def test_a_ranks_share_of_the_cores_comes_from_the_affinity_masks(masks, shares):
+    frozen = [frozenset(m) for m in masks]
+    assert [_host.cores_share(frozen, r) for r in range(len(masks))] == shares
+    assert _host.threads(None, 3) == min(3, numba.config.NUMBA_NUM_THREADS)
+    assert _host.threads(1, 8) == 1
 
 
 def test_values_are_parsed_from_the_environment():

@@ -27,6 +27,11 @@ window, fold and store (about 4 n). Every element is folded once, in rank
 order, and copied: the result is the left fold in rank order, bitwise the same
 on every rank.
 
+With the ``threads`` setting above 1, each phase runs on that many threads of
+Numba's pool (:func:`_threaded`), thread t on part t of every chunk: every
+element is folded and copied as on one thread, so the bits do not depend on
+the count.
+
 Every rank must pass the same place of the same allocation (each announces
 its count, (op, dtype) and places in its header, and every rank raises where
 one differs). Arrays of other memory go through shared_memory's window (the
@@ -46,7 +51,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _settings
+from .. import _host, _settings
 from .._capi import handle
 from .._comm import Context, check_comm, context
 from .._copy import stream_bytes
@@ -120,8 +125,26 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
         if flags[at + _SRC] != src or flags[at + _DST] != dst:
             err[0], err[1], err[2], err[3], err[4] = DISAGREE, 0, r, _PLACE, flags[at + _DST]
             return
-    lo, hi = rank * n // size, (rank + 1) * n // size
     mine = rank * lstride + dst
+    threads = scratch.shape[0]
+    if threads > 1:
+        _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, False)
+    else:
+        lo, hi = rank * n // size, (rank + 1) * n // size
+        _fold(window, mine, src, lo, hi, scratch[0], lstride, size, code, divisor)
+    if not _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 1):
+        return
+    if threads > 1:
+        _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, True)
+    else:
+        _gather(window, mine, dst, n, rank, size, lstride, 0, 1)
+    _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 2)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _fold(window, mine, src, lo, hi, scratch, lstride, size, code, divisor):
+    """Phase 1 for lanes ``lo`` to ``hi``: every rank's input at ``src`` folded in rank
+    order into this rank's output at ``mine``, a block at a time through ``scratch``."""
     j = lo
     while j < hi:
         b = min(scratch.size, hi - j)
@@ -131,17 +154,35 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
             divide_by(acc, divisor)
         _copy(window, mine + j, acc, 0, b)
         j += b
-    if not _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 1):
-        return
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _gather(window, mine, dst, n, rank, size, lstride, part, parts):
+    """Phase 2, part ``part`` of ``parts`` of each chunk: the others' folded chunks
+    copied into this rank's output (streaming stores, then a fence)."""
     for r in range(size):
         if r != rank:
             rlo, rhi = r * n // size, (r + 1) * n // size
+            lo, hi = rlo + part * (rhi - rlo) // parts, rlo + (part + 1) * (rhi - rlo) // parts
             theirs = r * lstride + dst
             stream_bytes(
-                window[mine + rlo : mine + rhi].view(np.uint8),
-                window[theirs + rlo : theirs + rhi].view(np.uint8),
+                window[mine + lo : mine + hi].view(np.uint8),
+                window[theirs + lo : theirs + hi].view(np.uint8),
             )
-    _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 2)
+
+
+@numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, gather):
+    """A phase on ``scratch.shape[0]`` threads, each its own part of every chunk: the
+    same elementwise folds and copies as one thread's, so the same bits."""
+    threads = scratch.shape[0]  # one part each (Numba's pool has at least as many threads)
+    lo, hi = rank * n // size, (rank + 1) * n // size
+    for t in numba.prange(threads):
+        if gather:
+            _gather(window, mine, dst, n, rank, size, lstride, t, threads)
+        else:
+            a, b = lo + t * (hi - lo) // threads, lo + (t + 1) * (hi - lo) // threads
+            _fold(window, mine, src, a, b, scratch[t], lstride, size, code, divisor)
 
 
 @dataclass(eq=False)
@@ -266,15 +307,17 @@ def symmetric_run(work: np.ndarray, red: Reduction, ctx: Context, source: np.nda
         return
     made = out[0]
     lanes = red.lanes(np.zeros(0, red.dtype)).dtype
-    key = (red.tag, timeout)
+    threads = _host.threads(_settings.current().threads, ctx.cores)
+    key = (red.tag, timeout, threads)
     found = made.calls.get(key)
     if found is None:
         params = parameters(_NPARAMS, code=red.code, tag=red.tag, sleepy=ctx.sleepy,
                             timeout=timeout)  # fmt: skip
         params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, made.segment // 8,
                                   made.segment // lanes.itemsize, handle(made.win))  # fmt: skip
+        scratch = np.empty((threads, _BLOCK), lanes)  # a row a thread
         found = made.calls[key] = (params, made.flat.view(lanes), made.flat.view(np.int64),
-                                   red.divisor(ctx.size), np.empty(_BLOCK, lanes))  # fmt: skip
+                                   red.divisor(ctx.size), scratch)  # fmt: skip
     params, window, flags, divisor, scratch = found
     per = work.dtype.itemsize // lanes.itemsize
     n = work.size * per
@@ -306,8 +349,8 @@ def warm(kinds) -> None:
     """Compile (or load from Numba's cache) the loop for each lanes dtype in ``kinds``."""
     i64 = numba.typeof(np.zeros(1, np.int64))
     for dt in kinds:
-        arr = numba.typeof(np.zeros(1, dt))
-        _allreduce.compile((arr, i64, numba.int64, numba.int64, numba.int64, arr, i64, arr))
+        arr, rows = numba.typeof(np.zeros(1, dt)), numba.typeof(np.zeros((1, 1), dt))
+        _allreduce.compile((arr, i64, numba.int64, numba.int64, numba.int64, rows, i64, arr))
 
 
 # Arrays of other memory (and the half types) go through shared_memory's window: the

@@ -53,15 +53,17 @@ def test_the_hot_loop_off_the_cache_loops_over_enough_arrays_and_stays_exact(tmp
     assert [int(r[-1]) for r in rows] == [64, 64, 64, 64, 32]
 
 
-def test_window_resident_arrays_run_symmetric_from_64_mib_and_stay_exact():
+def test_window_resident_arrays_run_symmetric_from_1_mib_and_stay_exact():
     script = SCRIPT.parent / "symmetric.py"
-    cmd = [*_mpirun(), "-n", "2", sys.executable, str(script), "--min", "64M", "--max", "64M",
+    cmd = [*_mpirun(), "-n", "2", sys.executable, str(script), "--min", "1M", "--max", "4M",
            "--rounds", "1"]  # fmt: skip
     env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.strip().splitlines()[2:]]
-    assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [(64 << 20, "True", "(symmetric)")]
+    assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [
+        (1 << 20, "True", "(symmetric)"), (4 << 20, "True", "(symmetric)")
+    ]
 
 
 def test_threads_per_rank_give_one_threads_bits_and_the_exact_sum():

@@ -9,27 +9,26 @@ place of every rank's segment::
                                  chunk 0      | chunk 1
 
 An all-reduce of such arrays copies no buffer into a window first. Rank r owns
-chunk r (``r * n // L`` to ``(r + 1) * n // L``, L ranks), and the call runs
-in two phases:
+chunk r (``r * n // L`` to ``(r + 1) * n // L``, L ranks) of every rank's
+array, and is the only rank that reads or writes it: a block at a time, it
+folds block k of chunk r of every rank's input, in rank order, into a scratch
+that stays in cache, and stores the folded block into chunk r of every
+rank's output. A reduce-scatter and an all-gather in one pass, with two waits
+on the ranks' flags (one each in their headers): every input is ready; every
+rank has stored its chunk, before any array may change again.
 
-1. reduce-scatter in place: rank r folds chunk r of every rank's input, in rank
-   order, into chunk r of its own output (a block at a time, through a scratch
-   that stays in cache: the fold reads its own chunk too);
-2. all-gather by reading: rank r copies chunk k of rank k's output into its
-   own, for every k != r.
+Memory traffic a rank: it reads its chunk of every input (n) and writes its
+chunk of every output (n; in place, the lines it has just read, still in its
+cache): 2 n, what one copy of the array moves, against shared_memory's copy
+of the user's buffer into its window, fold and copy out. Ordinary stores, not
+streaming ones: in place, the fold has just brought the lines into this core's
+cache, and a streaming store to a cached line costs more than writing the line
+back. Every element is folded once, in rank order, and stored: the result is
+the left fold in rank order, bitwise the same on every rank.
 
-Three waits on the ranks' flags (one each in their headers): every input is
-ready; every chunk is folded; every rank has read the others' chunks, before
-any array may change again. Memory traffic a rank: it reads the inputs' chunk
-(n) and the others' chunks ((L-1)/L n) and writes its chunk (n/L) and the
-others' ((L-1)/L n): 2.5 n at 2 ranks, against shared_memory's copy into its
-window, fold and store (about 4 n). Every element is folded once, in rank
-order, and copied: the result is the left fold in rank order, bitwise the same
-on every rank.
-
-With the ``threads`` setting above 1, each phase runs on that many threads of
-Numba's pool (:func:`_threaded`), thread t on part t of every chunk: every
-element is folded and copied as on one thread, so the bits do not depend on
+With the ``threads`` setting above 1, the pass runs on that many threads of
+Numba's pool (:func:`_threaded`), thread t on part t of the chunk: every
+element is folded and stored as on one thread, so the bits do not depend on
 the count.
 
 Every rank must pass the same place of the same allocation (each announces
@@ -54,7 +53,6 @@ from mpi4py import MPI
 from .. import _host, _settings
 from .._capi import handle
 from .._comm import Context, check_comm, context
-from .._copy import stream_bytes
 from .._errors import RingMPIError
 from .._ops import divide_by, fold_in_order_by_code
 from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
@@ -72,8 +70,7 @@ _FLAG, _COUNT, _TAG, _SRC, _DST = range(5)
 # The loop's parameters after the report header.
 _RANK, _SIZE, _FSTRIDE, _LSTRIDE, _WIN, _NPARAMS = range(HEADER, HEADER + 6)
 _BLOCK = 2048  # lanes folded at a time into the scratch
-_WAITS = ("every rank's input to be ready", "every rank to fold its chunk",
-          "every rank to read the others' chunks")  # fmt: skip
+_WAITS = ("every rank's input to be ready", "every rank to store its chunk")
 _PLACE = -1  # a DISAGREE report's count: the ranks' arrays lie at other places
 # Live windows a process may hold: each holds a communicator, and MPICH's run out
 # near 2,000 (a crash, not an error).
@@ -82,8 +79,8 @@ MOST_WINDOWS = 1024
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _copy(dst, at, src, frm, k):
-    """``dst[at : at + k] = src[frm : frm + k]`` (apart, or the same array at places
-    that do not overlap), as a loop over two slices, which LLVM vectorizes."""
+    """``dst[at : at + k] = src[frm : frm + k]``, as a loop over two slices, which LLVM
+    vectorizes."""
     d, c = dst[at : at + k], src[frm : frm + k]
     for i in range(k):
         d[i] = c[i]
@@ -125,26 +122,20 @@ def _allreduce(window, flags, src, dst, n, scratch, params, divisor):
         if flags[at + _SRC] != src or flags[at + _DST] != dst:
             err[0], err[1], err[2], err[3], err[4] = DISAGREE, 0, r, _PLACE, flags[at + _DST]
             return
-    mine = rank * lstride + dst
     threads = scratch.shape[0]
     if threads > 1:
-        _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, False)
+        _threaded(window, src, dst, n, rank, size, lstride, scratch, code, divisor)
     else:
         lo, hi = rank * n // size, (rank + 1) * n // size
-        _fold(window, mine, src, lo, hi, scratch[0], lstride, size, code, divisor)
-    if not _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 1):
-        return
-    if threads > 1:
-        _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, True)
-    else:
-        _gather(window, mine, dst, n, rank, size, lstride, 0, 1)
-    _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 2)
+        _fold_and_push(window, src, dst, lo, hi, scratch[0], lstride, size, code, divisor)
+    _everyone(flags, me, size, fstride, win, sleepy, timeout, err, 1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _fold(window, mine, src, lo, hi, scratch, lstride, size, code, divisor):
-    """Phase 1 for lanes ``lo`` to ``hi``: every rank's input at ``src`` folded in rank
-    order into this rank's output at ``mine``, a block at a time through ``scratch``."""
+def _fold_and_push(window, src, dst, lo, hi, scratch, lstride, size, code, divisor):
+    """Lanes ``lo`` to ``hi`` of this rank's chunk, a block at a time: every rank's input
+    at ``src`` folded in rank order into ``scratch``, then stored at ``dst`` of every
+    rank's segment."""
     j = lo
     while j < hi:
         b = min(scratch.size, hi - j)
@@ -152,37 +143,20 @@ def _fold(window, mine, src, lo, hi, scratch, lstride, size, code, divisor):
         fold_in_order_by_code(acc, acc, window, lstride, src + j, -1, size, code)
         if divisor.size > 0:
             divide_by(acc, divisor)
-        _copy(window, mine + j, acc, 0, b)
+        for r in range(size):
+            _copy(window, r * lstride + dst + j, acc, 0, b)
         j += b
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _gather(window, mine, dst, n, rank, size, lstride, part, parts):
-    """Phase 2, part ``part`` of ``parts`` of each chunk: the others' folded chunks
-    copied into this rank's output (streaming stores, then a fence)."""
-    for r in range(size):
-        if r != rank:
-            rlo, rhi = r * n // size, (r + 1) * n // size
-            lo, hi = rlo + part * (rhi - rlo) // parts, rlo + (part + 1) * (rhi - rlo) // parts
-            theirs = r * lstride + dst
-            stream_bytes(
-                window[mine + lo : mine + hi].view(np.uint8),
-                window[theirs + lo : theirs + hi].view(np.uint8),
-            )
-
-
 @numba.njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _threaded(window, mine, src, dst, n, rank, size, lstride, scratch, code, divisor, gather):
-    """A phase on ``scratch.shape[0]`` threads, each its own part of every chunk: the
-    same elementwise folds and copies as one thread's, so the same bits."""
+def _threaded(window, src, dst, n, rank, size, lstride, scratch, code, divisor):
+    """:func:`_fold_and_push` on ``scratch.shape[0]`` threads, each its own part of the
+    chunk: the same elementwise folds and stores as one thread's, so the same bits."""
     threads = scratch.shape[0]  # one part each (Numba's pool has at least as many threads)
     lo, hi = rank * n // size, (rank + 1) * n // size
     for t in numba.prange(threads):
-        if gather:
-            _gather(window, mine, dst, n, rank, size, lstride, t, threads)
-        else:
-            a, b = lo + t * (hi - lo) // threads, lo + (t + 1) * (hi - lo) // threads
-            _fold(window, mine, src, a, b, scratch[t], lstride, size, code, divisor)
+        a, b = lo + t * (hi - lo) // threads, lo + (t + 1) * (hi - lo) // threads
+        _fold_and_push(window, src, dst, a, b, scratch[t], lstride, size, code, divisor)
 
 
 @dataclass(eq=False)
@@ -265,10 +239,10 @@ def zeros(shape: Any, dtype: Any = np.float32, comm: MPI.Intracomm | None = None
 
 
 # Auto runs it from this size: below, shared_memory's pieces through a window in
-# cache are as fast or faster (its three waits cost more than they save); from
-# 64 MiB, beyond this host's caches, it took 0.67 of shared_memory's time, the
-# median of seven launches (docs/performance.md).
-AUTO_FROM_BYTES = 64 << 20
+# cache are as fast or faster (the waits on every rank cost more than they save);
+# from 1 MiB, off the cache, it took 0.54-0.67 of shared_memory's time and of
+# the library's (docs/performance.md).
+AUTO_FROM_BYTES = 1 << 20
 
 
 def pays(recv: np.ndarray, send: np.ndarray | None, count: int, red: Reduction) -> bool:

@@ -62,7 +62,8 @@ def test_window_resident_arrays_run_symmetric_from_1_mib_and_stay_exact():
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.strip().splitlines()[2:]]
     assert [(int(r[0]), r[-2], r[-1]) for r in rows] == [
-        (1 << 20, "True", "(symmetric)"), (4 << 20, "True", "(symmetric)")
+        (1 << 20, "True", "(symmetric)"),
+        (4 << 20, "True", "(symmetric)"),
     ]
 
 

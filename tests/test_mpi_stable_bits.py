@@ -40,7 +40,7 @@ def test_identical_calls_give_identical_bits_from_the_first_on(settings, comm, n
     x = (rng.standard_normal(nbytes // np.dtype(dtype).itemsize) * 1e3).astype(dtype)
     x[::7] *= 1e-6  # magnitudes far apart: each order of the sum rounds differently
     out = np.empty_like(x)
-    calls = lease + 3 * (1 + tuner.timed_calls(nbytes)) + 2  # the lease, every trial, the winner
+    calls = lease + tuner.most_trial_calls(nbytes) + 2  # the lease, every trial, the winner
     problems, first = [], None
     with ringmpi.trace() as t:
         for i in range(calls):

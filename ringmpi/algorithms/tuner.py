@@ -13,8 +13,10 @@ class ``-n.bit_length()``) take turns, each once untimed and then
 timed on the path a repeated call takes. Every
 trial is a real call, with its true result. After the last trial the ranks agree
 on the timings in one collective (the slowest rank's median per candidate, an
-MPI_MAX), so that every rank keeps the same winner; from then on auto's choice
-for the class is one lookup, as it was before tuning.
+MPI_MAX), so that every rank keeps the same winner; where one of ringmpi's own
+beat the library's call by less than SECOND_ROUND_MARGIN, the two are timed
+again first (a second round), and the ranks decide on both rounds' calls. From
+then on auto's choice for the class is one lookup, as it was before tuning.
 
 The winners go to a cache file per machine, MPI library and layout (rank 0
 writes it, atomically), so that the next run starts tuned; the layout names the
@@ -48,8 +50,9 @@ from .. import __version__, _cache, _host, _settings, _trace
 from .._comm import Context, context, library_allreduce, made
 from .registry import fits, get, names, prepare
 
-__all__ = ["LEAST_LEASE", "LIBRARY_MARGIN", "SHORTLIST", "TIMED", "Trial", "cache_file",
-           "lease_calls", "leases", "timed_calls", "tuner"]  # fmt: skip
+__all__ = ["LEAST_LEASE", "LIBRARY_MARGIN", "SECOND_ROUND_MARGIN", "SHORTLIST", "TIMED", "Trial",
+           "cache_file", "lease_calls", "leases", "most_trial_calls", "timed_calls",
+           "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -61,6 +64,13 @@ TIMED = 5  # above the last of _TIMED
 def timed_calls(nbytes: int) -> int:
     """How many timed calls each candidate gets for a call of ``nbytes``."""
     return next((calls for upto, calls in _TIMED if nbytes <= upto), TIMED)
+
+
+def most_trial_calls(nbytes: int, candidates: int = 3) -> int:
+    """The most calls a class's trials take: each candidate's untimed call and
+    :func:`timed_calls`, and a second round of two candidates' timed calls."""
+    timed = timed_calls(nbytes)
+    return candidates * (1 + timed) + 2 * timed
 
 
 # A class's key: the all-reduce's size class, or "collective:class" for a half's.
@@ -76,6 +86,11 @@ SHORTLIST = 2  # how many of the model's best own algorithms are tried
 # in the trials: medians of a few calls differ by as much from run to run at large
 # sizes, and a near tie lost to the noise should cost the library's time, not more.
 LIBRARY_MARGIN = 0.05
+# One of ringmpi's own that beat the library by less than this in the trials is
+# timed against it once more (as many calls again) before the class is settled: a
+# thin lead from one round's few calls is as likely noise as speed, and a choice
+# slower than the library's call costs every call after.
+SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
 
 
@@ -85,6 +100,8 @@ class _Trials:
 
     names: list[str]
     timed: int  # timed calls per candidate
+    untimed: int = -1  # untimed calls first (-1: one a candidate)
+    second: bool = False  # the second round: the best own candidate against the library
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
     repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
@@ -94,8 +111,10 @@ class _Trials:
     charged: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.times = [[] for _ in self.names]
-        self.charged = [0.0 for _ in self.names]
+        if self.untimed < 0:
+            self.untimed = len(self.names)
+        self.times = self.times or [[] for _ in self.names]
+        self.charged = self.charged or [0.0 for _ in self.names]
 
     def copies(self, key: tuple, work: np.ndarray, source: np.ndarray | None) -> tuple:
         """(out, source) for a timed trial: copies of this rank's data, made once per
@@ -110,7 +129,7 @@ class _Trials:
 
     @property
     def total(self) -> int:
-        return len(self.names) * (1 + self.timed)
+        return self.untimed + len(self.names) * self.timed
 
 
 class Trial:
@@ -124,7 +143,7 @@ class Trial:
     def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
         """The candidate's call (``more``: a half's counts), timed from the second round."""
         trials, i = self.trials, self.trials.calls % len(self.trials.names)
-        timed = trials.calls >= len(trials.names)  # the first round is untimed
+        timed = trials.calls >= trials.untimed  # each candidate's first call is untimed
         if _trace._active or more:  # traced (the trace counts its sends), or a half
             if timed:
                 _together(ctx, timeout)
@@ -213,7 +232,9 @@ class Tuner:
         return Trial(self, key, trials, candidate)
 
     def settle(self, klass: Key, trials: _Trials, ctx: Context, timeout: float) -> None:
-        """Agree on the trials' timings (one collective) and keep the winner."""
+        """Agree on the trials' timings (one collective) and keep the winner; or, where
+        one of ringmpi's own beat the library by less than SECOND_ROUND_MARGIN, time
+        the two again first."""
         mine = np.array([float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
                                                                   strict=True)])  # fmt: skip
         slowest = np.empty_like(mine)
@@ -224,12 +245,25 @@ class Tuner:
             library = slowest[trials.names.index("mpi")]
             if slowest.min() > library * (1 - LIBRARY_MARGIN):
                 winner = "mpi"
+            elif not trials.second and slowest.min() > library * (1 - SECOND_ROUND_MARGIN):
+                self.trying[klass] = _second_round(trials, winner)
+                return
         self.known[klass] = winner
         del self.trying[klass]
         times = dict(zip(trials.names, slowest.tolist(), strict=True))
         _trace.record_tuned(_size_class(klass), winner, times)
         if ctx.rank == 0 and self.path is not None:
             _store(self.path, self.layout, klass, winner, times)
+
+
+def _second_round(trials: _Trials, winner: str) -> _Trials:
+    """The winner against the library, as many timed calls each again, their first
+    round's times kept: every rank decides on both rounds' calls."""
+    pair = [trials.names.index(winner), trials.names.index("mpi")]
+    return _Trials([trials.names[i] for i in pair], trials.timed, untimed=0, second=True,
+                   repeats=trials.repeats, leads=trials.leads,
+                   times=[list(trials.times[i]) for i in pair],
+                   charged=[trials.charged[i] for i in pair])  # fmt: skip
 
 
 def tuner(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> Tuner:

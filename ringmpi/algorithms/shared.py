@@ -18,6 +18,11 @@ and waits until every rank's flag has reached it. Then, two ways:
   the others' slots instead of L - 1 times it, and folds a slice instead of
   the piece, for a second wait.
 
+From STREAM_OUT_FROM on, a result written apart from its input goes to the
+user's buffer with streaming stores (past the caches, not reading the lines
+they overwrite); in place, the lines were just read and stay in cache, where
+ordinary stores are cheaper.
+
 Either way every element is folded in local-rank order (once, and copied, in
 the sliced way), so the results are bitwise identical on every rank and equal
 to the left fold in rank order.
@@ -68,6 +73,7 @@ from .._capi import (
     peek,
 )
 from .._comm import Context
+from .._copy import stream_bytes
 from .._half import fold_half_parts
 from .._ops import divide_by, fold_in_order_by_code
 from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
@@ -75,12 +81,17 @@ from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "compiled", "resumable", "shared_memory_halves", "warm"]
+__all__ = ["SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "compiled", "resumable",
+           "shared_memory_halves", "warm"]  # fmt: skip
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
 # Pieces of at least this many bytes are cut into slices, one per rank (below).
 SCATTER_BYTES = 1 << 14
+# From this many bytes a result written apart from its input goes to the user's
+# buffer with streaming stores, which do not read the lines they overwrite (as
+# hierarchical's copies out).
+STREAM_OUT_FROM = 1 << 20
 _HEADER = 64  # a cache line of int64 cells: the flag, (count, code) per set, the piece count
 _PIECE = 5  # header cell: pieces this rank has done; its parity is the next piece's set
 # params cells (int64): the header (ringmpi._report), then these, then the report (the
@@ -90,7 +101,7 @@ _PIECE = 5  # header cell: pieces this rank has done; its parity is the next pie
 # _STAGE where (_PUBLISHED: its piece is published; _SLICED: its slice is folded;
 # either way it waits for every rank's flag), in _DONE the lanes before that piece.
 (_RANK, _SIZE, _FSTRIDE, _DSTRIDE, _HDR, _CAP, _WIN, _SCATTER, _WROTE, _READ, _STAGE, _DONE,
- _NOWAIT, _NPARAMS) = range(HEADER, HEADER + 14)  # fmt: skip
+ _NOWAIT, _STREAM_OUT, _NPARAMS) = range(HEADER, HEADER + 15)  # fmt: skip
 _NEW, _PUBLISHED, _SLICED = 0, 1, 2
 
 
@@ -101,6 +112,16 @@ def _copy(dst, at, src, frm, k):
     d, c = dst[at : at + k], src[frm : frm + k]
     for i in range(k):
         d[i] = c[i]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _out(out, at, data, frm, k, stream):
+    """``out[at : at + k] = data[frm : frm + k]``: into the user's buffer, with
+    streaming stores (and a fence) where ``stream``."""
+    if stream:
+        stream_bytes(out[at : at + k].view(np.uint8), data[frm : frm + k].view(np.uint8))
+    else:
+        _copy(out, at, data, frm, k)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -147,6 +168,9 @@ def _allreduce(work, source, data, flags, params, divisor):
     n = work.size
     me = rank * fstride
     stage = params[_STAGE]
+    # Apart from the input, a large result goes to memory past the caches (in place,
+    # the lines were just read: in cache, where an ordinary store is cheaper).
+    stream = n >= params[_STREAM_OUT] and source.ctypes.data != work.ctypes.data
     if stage == _NEW:
         params[_DONE] = params[_WROTE] = params[_READ] = 0
     done = params[_DONE]
@@ -200,7 +224,7 @@ def _allreduce(work, source, data, flags, params, divisor):
                 fold_in_order_by_code(slot, src[lo:hi], data, dstride, at + lo, rank, size, code)
                 if divisor.size > 0:
                     divide_by(slot, divisor)
-                _copy(out, lo, data, mine + lo, hi - lo)
+                _out(out, lo, data, mine + lo, hi - lo, stream)
                 params[_WROTE] += hi - lo
                 raise_flag(flags, me, win)
                 stage = _SLICED
@@ -223,7 +247,7 @@ def _allreduce(work, source, data, flags, params, divisor):
             for r in range(size):
                 if r != rank:
                     rlo, rhi = r * m // size, (r + 1) * m // size
-                    _copy(out, rlo, data, r * dstride + at + rlo, rhi - rlo)
+                    _out(out, rlo, data, r * dstride + at + rlo, rhi - rlo, stream)
                     params[_READ] += rhi - rlo
         done += m
         if done >= n:
@@ -504,7 +528,8 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
                             avg_by=red.avg_divisor(ctx.size))  # fmt: skip
         params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
                                   _HEADER // isz, SET_BYTES // isz, node.handle,
-                                  SCATTER_BYTES // isz, 0, 0, _NEW, 0, 0)  # fmt: skip
+                                  SCATTER_BYTES // isz, 0, 0, _NEW, 0, 0,
+                                  STREAM_OUT_FROM // isz)  # fmt: skip
         split = lanes != red.dtype
         found = (node, params, red.divisor(ctx.size), node.flat.view(lanes), split)
         node.calls[key] = found

@@ -155,7 +155,7 @@ test-mpi4py: $(VENV)/.ok-test $(MPI4PY_DIR)/test/main.py
 # 1-3 ranks. torch from PyPI: on Linux x86-64 its wheel brings the CUDA libraries
 # (about 5 GB in the venv); a CPU build of the same version installed first is kept.
 TORCH ?= torch==2.13.0
-TORCH_RANKS ?= 1 2 3
+TORCH_RANKS ?= 1 2 3 4
 
 $(VENV)/.ok-torch: $(VENV)/.ok-test
 	$(PY) -m pip install --quiet '$(TORCH)'
@@ -165,7 +165,7 @@ test-torch: $(VENV)/.ok-torch
 	@for n in $(TORCH_RANKS); do \
 	  echo "== tests/test_mpi_torch.py at $$n rank(s) =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py || exit 1; \
+	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py tests/test_mpi_torch_backend.py || exit 1; \
 	done
 
 # The README's table and plot: auto against each family's own MPI_Allreduce at 2

@@ -1,7 +1,14 @@
-"""PyTorch: a DistributedDataParallel communication hook that averages through ringmpi,
-and tensors in the node's window (:func:`empty`, :func:`zeros`).
+"""PyTorch: the ``ringmpi`` backend of ``torch.distributed``, a DistributedDataParallel
+communication hook that averages through ringmpi, and tensors in the node's window
+(:func:`empty`, :func:`zeros`).
 
-::
+Importing this module registers the backend (:mod:`ringmpi._torch_group`)::
+
+    import ringmpi.torch
+    torch.distributed.init_process_group("ringmpi")   # under mpirun or srun
+    model = DistributedDataParallel(model)             # every collective through MPI
+
+The hook, on a Gloo group::
 
     ringmpi.torch.init_process_group()               # Gloo, from mpirun's ranks
     model = DistributedDataParallel(model)          # its Gloo process group, as before
@@ -22,7 +29,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import _api
+from . import _api, _torch_group  # noqa: F401 -- _torch_group registers the backend
 from .kernels import AVG
 
 __all__ = ["allreduce_hook", "empty", "init_process_group", "zeros"]

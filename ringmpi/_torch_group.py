@@ -1,0 +1,321 @@
+"""The ``ringmpi`` backend of ``torch.distributed``: a process group whose collectives
+run on an MPI communicator of the group's ranks.
+
+``import ringmpi.torch`` registers it for CPU tensors::
+
+    dist.init_process_group("ringmpi")        # under mpirun: torch's rank is MPI's
+
+Each torch group gets its communicator when torch makes it: the default group
+``MPI.COMM_WORLD`` (torch's rank must be the MPI rank: each rank checks its own
+and, before any collective, every rank learns whether one disagrees); a
+``new_group`` the communicator of its global ranks, made by the group's members
+alone (``MPI_Comm_create_group``). All-reduce, its coalesced form,
+reduce-scatter and all-gather go through ringmpi (auto's choice, the node's
+shared memory on one node); the others through the MPI library's own calls.
+Every call completes before it returns: an ``async_op=True`` call returns a
+finished ``Work``, whose ``wait()`` and ``get_future()`` behave as Gloo's.
+Tensors that are not contiguous go through a contiguous copy.
+"""
+
+from __future__ import annotations
+
+import datetime
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.distributed import ReduceOp
+
+from . import _api, _halves
+from .kernels import AVG, as_dtype
+
+__all__ = ["BACKEND", "group_comm"]
+
+BACKEND = "ringmpi"
+
+# torch's reduction -> the MPI op ringmpi takes (AVG: ringmpi's own)
+_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: AVG, ReduceOp.PRODUCT: MPI.PROD,
+        ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND,
+        ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}  # fmt: skip
+
+
+_HALF = (torch.float16, torch.bfloat16)
+_HALF_OPS = (MPI.SUM, MPI.MAX, MPI.MIN, AVG)  # what ringmpi reduces the half types with
+# bool as bytes of 0 and 1 (torch's sum and max of bools are their or, product and min
+# their and)
+_BOOL_OPS = {ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.BOR: MPI.MAX,
+             ReduceOp.PRODUCT: MPI.MIN, ReduceOp.MIN: MPI.MIN, ReduceOp.BAND: MPI.MIN,
+             ReduceOp.BXOR: MPI.BXOR}  # fmt: skip
+
+
+def _op(opts: Any, ops: dict = _OPS) -> Any:
+    op = opts.reduceOp
+    found = ops.get(op if isinstance(op, ReduceOp.RedOpType) else op.op)
+    if found is None:
+        raise ValueError(f"the ringmpi backend does not reduce with {op}")
+    return found
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy view of a contiguous CPU tensor (bfloat16 as ml_dtypes' bfloat16)."""
+    if tensor.device.type != "cpu":
+        raise TypeError(f"the ringmpi backend takes CPU tensors, not {tensor.device.type} ones")
+    t = tensor.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(as_dtype("bfloat16"))
+    return t.numpy()
+
+
+class _Contiguous:
+    """A contiguous stand-in for ``tensor`` (itself where it is one), written back
+    into it on exit."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.work = tensor if tensor.is_contiguous() else tensor.contiguous()
+
+    def __enter__(self) -> np.ndarray:
+        return _array(self.work).reshape(-1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.work is not self.tensor and exc[0] is None:
+            self.tensor.copy_(self.work)
+
+
+# torch's own classes and functions, as Any: the methods below take what torch's C++
+# passes them, which its type stubs (written for the Python API) do not describe.
+_c10d: Any = torch._C._distributed_c10d
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+def _done(result: Any) -> Any:
+    future: torch.futures.Future[Any] = torch.futures.Future()
+    future.set_result(result)
+    return _c10d._create_work_from_future(future)
+
+
+class _Group(_ProcessGroup):
+    """One torch group on one MPI communicator of the same ranks, in the same order."""
+
+    def __init__(self, comm: MPI.Intracomm, timeout: datetime.timedelta) -> None:
+        super().__init__(comm.Get_rank(), comm.Get_size())
+        self.comm = comm
+        self.timeout = timeout.total_seconds()
+        self._name = self._desc = ""
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # torch names a group through its backends, which a Python group has none of
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._desc
+
+    # --- through ringmpi ---------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _op(opts)
+        for tensor in tensors:
+            if tensor.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
+                with _Contiguous(tensor) as a:
+                    _api.Allreduce(MPI.IN_PLACE, a.view(np.uint8), _op(opts, _BOOL_OPS),
+                                   self.comm)  # fmt: skip
+                continue
+            if tensor.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
+                wide = tensor.to(torch.float32)
+                self.allreduce([wide], opts)
+                tensor.copy_(wide)
+                continue
+            with _Contiguous(tensor) as a:
+                _api.Allreduce(MPI.IN_PLACE, a, op, self.comm)
+        return _done(tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _op(opts)
+        kinds = {t.dtype for t in tensors}
+        if len(kinds) != 1:  # one flat buffer a dtype
+            for kind in kinds:
+                self.allreduce_coalesced([t for t in tensors if t.dtype == kind], opts)
+            return _done(tensors)
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        _api.Allreduce(MPI.IN_PLACE, _array(flat), op, self.comm)
+        at = 0
+        for t in tensors:
+            t.copy_(flat[at : at + t.numel()].view_as(t))
+            at += t.numel()
+        return _done(tensors)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> Any:  # fmt: skip
+        with _Contiguous(output) as out, _Contiguous(input) as inp:
+            _halves.Allgather(inp, out, self.comm)
+        return _done(output)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> Any:  # fmt: skip
+        op = _op(opts)
+        with _Contiguous(output) as out, _Contiguous(input) as inp:
+            _halves.Reduce_scatter_block(inp, out, op, self.comm)
+        return _done(output)
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> Any:  # fmt: skip
+        for outs, tensor in zip(outputs, inputs, strict=True):
+            whole = torch.empty((self.size(), *tensor.shape), dtype=tensor.dtype)
+            self.all_gather_single(whole, tensor)
+            for r, out in enumerate(outs):
+                out.copy_(whole[r])
+        return _done(outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any = None) -> Any:  # fmt: skip
+        for out, parts in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(out, torch.stack([p.reshape(out.shape) for p in parts]),
+                                       opts)  # fmt: skip
+        return _done(outputs)
+
+    # --- through the MPI library ---------------------------------------------------------
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        for tensor in tensors:
+            with _Contiguous(tensor) as a:
+                self.comm.Bcast(_bytes(a), root=opts.rootRank)
+        return _done(tensors)
+
+    def barrier(self, opts: Any = None) -> Any:
+        self.comm.Barrier()
+        return _done(None)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        # an all-reduce: ringmpi's, whose answer every rank has; the root keeps it
+        root = opts.rootRank
+        for tensor in tensors:
+            kept = tensor.clone() if self.rank() != root else tensor
+            self.allreduce([kept], opts)
+        return _done(tensors)
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any = None) -> Any:  # fmt: skip
+        root = opts.rootRank
+        for i, tensor in enumerate(inputs):
+            whole = torch.empty((self.size(), *tensor.shape), dtype=tensor.dtype)
+            with _Contiguous(tensor) as inp:
+                self.comm.Gather(_bytes(inp), _bytes(_array(whole)) if self.rank() == root
+                                 else None, root=root)  # fmt: skip
+            if self.rank() == root:
+                for r, out in enumerate(outputs[i]):
+                    out.copy_(whole[r])
+        return _done(outputs)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any = None) -> Any:  # fmt: skip
+        root = opts.rootRank
+        for i, tensor in enumerate(outputs):
+            whole = torch.stack([p.reshape(tensor.shape) for p in inputs[i]]).contiguous() \
+                if self.rank() == root else None  # fmt: skip
+            with _Contiguous(tensor) as out:
+                self.comm.Scatter(None if whole is None else _bytes(_array(whole)), _bytes(out),
+                                  root=root)  # fmt: skip
+        return _done(outputs)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
+                      output_splits: list[int], input_splits: list[int],
+                      opts: Any = None) -> Any:  # fmt: skip
+        n = self.size()
+        with _Contiguous(output) as out, _Contiguous(input) as inp:
+            rows_out = max(1, output.shape[0]) if output.dim() else 1
+            rows_in = max(1, input.shape[0]) if input.dim() else 1
+            per_out, per_in = out.nbytes // rows_out, inp.nbytes // rows_in
+            o_counts = [per_out * c for c in (output_splits or [rows_out // n] * n)]
+            i_counts = [per_in * c for c in (input_splits or [rows_in // n] * n)]
+            self.comm.Alltoallv([_bytes(inp), (i_counts, _starts(i_counts))],
+                                [_bytes(out), (o_counts, _starts(o_counts))])  # fmt: skip
+        return _done(output)
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: Any = None) -> Any:  # fmt: skip
+        send = torch.cat([t.reshape(-1) for t in inputs])
+        recv = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
+        per = send.element_size()
+        i_counts, o_counts = [t.numel() * per for t in inputs], [t.numel() * per for t in outputs]
+        self.comm.Alltoallv([_bytes(_array(send)), (i_counts, _starts(i_counts))],
+                            [_bytes(_array(recv)), (o_counts, _starts(o_counts))])  # fmt: skip
+        at = 0
+        for t in outputs:
+            t.copy_(recv[at : at + t.numel()].view_as(t))
+            at += t.numel()
+        return _done(outputs)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        for tensor in tensors:
+            with _Contiguous(tensor) as a:
+                self.comm.Send(_bytes(a), dest=dst, tag=tag)
+        return _done(tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        for tensor in tensors:
+            with _Contiguous(tensor) as a:
+                self.comm.Recv(_bytes(a), source=src, tag=tag)
+        return _done(tensors)
+
+
+def _starts(counts: list[int]) -> list[int]:
+    return [sum(counts[:i]) for i in range(len(counts))]
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """``array``'s bytes: what a copy (not a reduction) moves, for any dtype."""
+    return array.view(np.uint8)
+
+
+def group_comm(global_ranks: list[int], group_id: str) -> MPI.Intracomm:
+    """The communicator of ``global_ranks`` (COMM_WORLD's ranks, in torch's order),
+    made by those ranks alone."""
+    world = MPI.COMM_WORLD
+    if list(global_ranks) == list(range(world.Get_size())):
+        return world.Dup()
+    group = world.Get_group().Incl(list(global_ranks))
+    try:
+        tag = zlib.crc32(group_id.encode()) % max(1, world.Get_attr(MPI.TAG_UB) or 32767)
+        return world.Create_group(group, tag)
+    finally:
+        group.Free()
+
+
+def _create(common: Any, backend_opts: Any) -> _Group:
+    """torch's creator of a ``ringmpi`` group (``register_backend``'s extended form)."""
+    ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
+    world = MPI.COMM_WORLD
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        raise RuntimeError("the ringmpi backend needs MPI: start the job with mpirun or srun")
+    me = ranks[common.group_rank] if common.group_rank < len(ranks) else -1
+    if len(ranks) == common.group_size == world.Get_size() and ranks == list(range(len(ranks))):
+        # The default group: torch's ranks must be MPI's, checked on every rank at once.
+        mine = common.group_rank
+        theirs = world.allgather(mine)
+        wrong = [(r, t) for r, t in enumerate(theirs) if r != t]
+        if wrong:
+            said = ", ".join(f"MPI rank {r} is torch rank {t}" for r, t in wrong[:4])
+            raise RuntimeError(f"the ringmpi backend needs torch's ranks to be MPI's: {said} "
+                               "(init_process_group with rank=MPI.COMM_WORLD.rank, or "
+                               "ringmpi.torch.init_process_group())")  # fmt: skip
+    elif me != world.Get_rank():
+        raise RuntimeError(f"the ringmpi backend: torch puts MPI rank {world.Get_rank()} at "
+                           f"group rank {common.group_rank} of global ranks {ranks}")  # fmt: skip
+    return _Group(group_comm(ranks, str(common.group_id)), common.timeout)
+
+
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

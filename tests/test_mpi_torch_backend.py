@@ -1,0 +1,215 @@
+"""The ``ringmpi`` backend of torch.distributed against a Gloo group of the same ranks.
+
+Every rank's input is a function of its rank (small integers, in float types
+too, so that every order of a reduction is exact): each rank computes every
+rank's input, and so the exact answer, itself. Each collective's answer must be
+that, and Gloo's bit for bit where Gloo has the collective (make test-torch).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import pytest
+from conftest import agree
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+import ringmpi.torch  # noqa: E402
+from ringmpi import _torch_group  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.torch]
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+R = dist.ReduceOp
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.uint8,
+          torch.int32, torch.int64, torch.bool]  # fmt: skip
+OPS = [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
+
+
+@pytest.fixture(scope="module")
+def gloo():
+    """The default group on the ringmpi backend; returns a Gloo group of the same ranks."""
+    ringmpi.torch.init_process_group(WORLD, backend="ringmpi")
+    assert dist.get_backend() == "ringmpi"
+    yield dist.new_group(backend="gloo")
+    dist.destroy_process_group()
+
+
+def _input(rank: int, dtype, n: int = 13):
+    values = torch.arange(n) % 3 + 1 + rank  # 1 .. 3 + rank: products stay exact
+    if dtype == torch.bool:
+        return (values + rank) % 2 == 0
+    return values.to(dtype)
+
+
+def _exact(op, dtype):
+    """The reduction of every rank's input, computed here."""
+    parts = [_input(r, dtype) for r in range(SIZE)]
+    if dtype == torch.bool or op in (R.BAND, R.BOR, R.BXOR):
+        fn = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor,
+              R.SUM: torch.logical_or, R.MAX: torch.logical_or, R.MIN: torch.logical_and,
+              R.PRODUCT: torch.logical_and}[op]  # fmt: skip
+        return functools.reduce(fn, parts)
+    wide = torch.stack([p.to(torch.float64) for p in parts])
+    value = {R.SUM: wide.sum(0), R.AVG: wide.mean(0), R.PRODUCT: wide.prod(0),
+             R.MIN: wide.min(0).values, R.MAX: wide.max(0).values}[op]  # fmt: skip
+    if not dtype.is_floating_point:
+        value = value.to(torch.int64).to(dtype)  # wraps as the integer type does
+    return value.to(dtype)
+
+
+def _applies(op, dtype) -> bool:
+    if op in (R.BAND, R.BOR, R.BXOR):
+        return not dtype.is_floating_point
+    return op != R.AVG or dtype.is_floating_point
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS, ids=str)
+def test_all_reduce_is_exact_and_gloos_bits(gloo, op, dtype):
+    if not _applies(op, dtype):
+        pytest.skip(f"torch does not define {op} for {dtype}")
+    problems = []
+    ours = _input(RANK, dtype)
+    dist.all_reduce(ours, op)
+    if not torch.equal(ours, _exact(op, dtype)):
+        problems.append(f"{ours.tolist()} is not the exact {_exact(op, dtype).tolist()}")
+    theirs = _input(RANK, dtype)
+    try:
+        dist.all_reduce(theirs, op, group=gloo)
+    except (RuntimeError, ValueError):
+        theirs = None  # Gloo does not reduce so
+    if theirs is not None and not torch.equal(ours, theirs):
+        problems.append(f"{ours.tolist()} is not Gloo's {theirs.tolist()}")
+    agree(WORLD, problems)
+
+
+def test_the_other_collectives_are_exact_and_gloos(gloo):
+    problems = []
+
+    def same(name, a, b):
+        if not torch.equal(a, b):
+            problems.append(f"{name}: {a.tolist()} against {b.tolist()}")
+
+    x = torch.arange(6, dtype=torch.float32) + RANK
+    every = torch.stack([torch.arange(6, dtype=torch.float32) + r for r in range(SIZE)])
+    for group in (None, gloo):  # ours, then Gloo's: the same answer
+        tag = "gloo " if group is gloo else ""
+        out = torch.empty(6 * SIZE)
+        dist.all_gather_into_tensor(out, x, group=group)
+        same(tag + "all_gather_into_tensor", out, every.reshape(-1))
+        parts = [torch.empty(6) for _ in range(SIZE)]
+        dist.all_gather(parts, x, group=group)
+        same(tag + "all_gather", torch.stack(parts), every)
+        inp = torch.arange(4 * SIZE, dtype=torch.float32) * (RANK + 1)
+        mine = torch.empty(4)
+        dist.reduce_scatter_tensor(mine, inp, group=group)
+        whole = torch.arange(4 * SIZE, dtype=torch.float32) * (SIZE * (SIZE + 1) // 2)
+        same(tag + "reduce_scatter_tensor", mine, whole[4 * RANK : 4 * RANK + 4])
+        y = x.clone() if RANK == SIZE - 1 else torch.zeros(6)
+        dist.broadcast(y, SIZE - 1, group=group)
+        same(tag + "broadcast", y, every[SIZE - 1])
+        r = x.clone()
+        dist.reduce(r, 0, group=group)
+        if RANK == 0:
+            same(tag + "reduce", r, every.sum(0))
+        a = torch.arange(2 * SIZE, dtype=torch.float32) + 100 * RANK
+        b = torch.empty(2 * SIZE)
+        dist.all_to_all_single(b, a, group=group)
+        want = torch.cat([torch.arange(2 * RANK, 2 * RANK + 2, dtype=torch.float32) + 100 * k
+                          for k in range(SIZE)])  # fmt: skip
+        same(tag + "all_to_all_single", b, want)
+        dist.barrier(group=group)
+    gathered = [torch.empty(6) for _ in range(SIZE)] if RANK == 0 else None
+    dist.gather(x, gathered, 0)
+    if RANK == 0:
+        same("gather", torch.stack(gathered), every)
+    got = torch.empty(3)
+    dist.scatter(got, [torch.full((3,), float(k)) for k in range(SIZE)] if RANK == 0 else None, 0)
+    same("scatter", got, torch.full((3,), float(RANK)))
+    outs = [torch.empty(RANK + 1) for _ in range(SIZE)]  # uneven: rank k gets k + 1 of each
+    dist.all_to_all(outs, [torch.full((k + 1,), float(RANK)) for k in range(SIZE)])
+    same("all_to_all", torch.cat(outs), torch.cat([torch.full((RANK + 1,), float(k))
+                                                  for k in range(SIZE)]))  # fmt: skip
+    pair = [x.clone(), 2 * x.clone().reshape(2, 3)]
+    dist.all_reduce_coalesced(pair)
+    same("all_reduce_coalesced", pair[0], every.sum(0))
+    same("all_reduce_coalesced, second", pair[1], 2 * every.sum(0).reshape(2, 3))
+    grid = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # not contiguous
+    dist.all_reduce(grid)
+    same("not contiguous", grid, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * SIZE)
+    if SIZE > 1:
+        if RANK == 0:
+            dist.send(torch.arange(5.0), 1)
+        elif RANK == 1:
+            got = torch.empty(5)
+            dist.recv(got, 0)
+            same("send/recv", got, torch.arange(5.0))
+    agree(WORLD, problems)
+
+
+def test_async_work_waits_and_its_future_holds_the_result(gloo):
+    x = torch.ones(5) * (RANK + 1)
+    work = dist.all_reduce(x, async_op=True)
+    assert work.wait()
+    assert work.is_completed()
+    (result,) = work.get_future().wait()
+    assert torch.equal(result, torch.full((5,), float(SIZE * (SIZE + 1) // 2)))
+    assert torch.equal(x, result)
+
+
+def test_a_new_group_runs_on_its_own_ranks(gloo):
+    members = list(range(SIZE - 1, -1, -2))  # every other rank from the last, in that order
+    sub = dist.new_group(members)
+    if RANK in members:
+        x = torch.ones(3) * (RANK + 1)
+        dist.all_reduce(x, group=sub)
+        assert torch.equal(x, torch.ones(3) * sum(m + 1 for m in members))
+        y = torch.full((2,), float(RANK))
+        dist.broadcast(y, members[0], group=sub)  # the global rank of the group's first
+        assert torch.equal(y, torch.full((2,), float(members[0])))
+        dist.destroy_process_group(sub)
+
+
+def test_torch_ranks_that_are_not_mpis_are_named_on_every_rank(gloo):
+    if SIZE == 1:
+        pytest.skip("one rank: its ranks agree")
+    shifted = types.SimpleNamespace(group_rank=(RANK + 1) % SIZE, group_size=SIZE,
+                                    global_ranks_in_group=list(range(SIZE)), group_id="0",
+                                    timeout=dist.default_pg_timeout)  # fmt: skip
+    with pytest.raises(RuntimeError, match=r"needs torch's ranks to be MPI's: MPI rank 0 is "
+                                           r"torch rank 1"):  # fmt: skip
+        _torch_group._create(shifted, None)
+
+
+def _train(group, steps: int = 6) -> list:
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
+    ddp = DistributedDataParallel(net, bucket_cap_mb=0.05, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(RANK + 1)
+    for _ in range(steps):
+        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 7, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
+def test_ddp_on_the_backend_reaches_gloos_weights(gloo):
+    ours, theirs = _train(None), _train(gloo)
+    problems = []
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        try:
+            torch.testing.assert_close(a, b)  # float32's tolerances
+        except AssertionError as e:
+            problems.append(f"parameter {k}: {str(e).splitlines()[0]}")
+    agree(WORLD, problems)

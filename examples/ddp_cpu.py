@@ -1,15 +1,17 @@
-"""Data-parallel training on CPUs: DDP's own all-reduce (Gloo) against ringmpi's hook.
+"""Data-parallel training on CPUs: DDP on Gloo, with ringmpi's hook, and on the ringmpi backend.
 
     mpirun -n 2 python examples/ddp_cpu.py [--width 1024] [--steps 30]
 
 torch.distributed's Gloo group is set up from mpirun's ranks
-(``ringmpi.torch.init_process_group``). Two copies of one MLP (three linear
+(``ringmpi.torch.init_process_group``). Three copies of one MLP (three linear
 layers of ``width``), from the same weights, train on the same batches: one
-with DDP's default hook (Gloo's all-reduce), one with
-``ringmpi.torch.allreduce_hook``. Their steps take turns; a step's time is the
-slowest rank's. Prints the median step time of each (after the first 3), the
-largest difference between the two models' final weights, and whether the
-hook's model is bitwise the same on every rank. Torch CPU tensors also go
+with DDP's default hook on the Gloo group, one with
+``ringmpi.torch.allreduce_hook``, one on a group of the ``ringmpi`` backend
+(``new_group(backend="ringmpi")``: every collective of DDP through MPI).
+Their steps take turns; a step's time is the slowest rank's. Prints the
+median step time of each (after the first 3), the largest difference
+between the Gloo model's final weights and each other's, and whether each
+ringmpi model is bitwise the same on every rank. Torch CPU tensors also go
 straight into any ringmpi call (DLPack, no copy).
 """
 
@@ -56,7 +58,10 @@ def main() -> None:
     gloo = DistributedDataParallel(model(args.width))
     hooked = DistributedDataParallel(model(args.width))
     hooked.register_comm_hook(comm, ringmpi.torch.allreduce_hook)
-    runs = {"gloo": gloo, "ringmpi": hooked}
+    backend = DistributedDataParallel(
+        model(args.width), process_group=torch.distributed.new_group(backend="ringmpi")
+    )
+    runs = {"gloo": gloo, "hook": hooked, "backend": backend}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in runs.items()}
     times: dict[str, list[float]] = {k: [] for k in runs}
     for i, (x, y) in enumerate(batches(args.width, args.steps, comm.rank)):
@@ -66,20 +71,25 @@ def main() -> None:
             step(runs[name], opts[name], x, y)
             times[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
     params = sum(p.numel() for p in gloo.parameters())
-    pairs = zip(gloo.parameters(), hooked.parameters(), strict=True)
-    diff = max(float((a - b).detach().abs().max()) for a, b in pairs)
-    mine = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in hooked.parameters()))
-    same = len(set(comm.allgather(mine.hexdigest()))) == 1
+    diff, same = {}, {}
+    for name in ("hook", "backend"):
+        pairs = zip(gloo.parameters(), runs[name].parameters(), strict=True)
+        diff[name] = max(float((a - b).detach().abs().max()) for a, b in pairs)
+        mine = hashlib.sha256(b"".join(p.detach().numpy().tobytes()
+                                       for p in runs[name].parameters()))  # fmt: skip
+        same[name] = len(set(comm.allgather(mine.hexdigest()))) == 1
     if comm.rank == 0:
-        gloo_ms, ring_ms = (float(np.median(times[k][3:])) * 1e3 for k in ("gloo", "ringmpi"))
+        ms = {k: float(np.median(v[3:])) * 1e3 for k, v in times.items()}
         print(
             f"{comm.size} ranks, {params:,} parameters ({4 * params / 2**20:.1f} MiB of "
             f"gradients), {args.steps} steps of 64 samples"
         )
-        print(f"step ms: gloo {gloo_ms:.2f}, ringmpi hook {ring_ms:.2f} ({ring_ms / gloo_ms:.2f}x)")
-        print(
-            f"largest weight difference {diff:.3g}; hook's weights the same on every rank: {same}"
-        )
+        print(f"step ms: gloo {ms['gloo']:.2f}, ringmpi hook {ms['hook']:.2f} "
+              f"({ms['hook'] / ms['gloo']:.2f}x), ringmpi backend {ms['backend']:.2f} "
+              f"({ms['backend'] / ms['gloo']:.2f}x)")  # fmt: skip
+        for name in ("hook", "backend"):
+            print(f"{name}: largest weight difference from gloo's {diff[name]:.3g}; "
+                  f"the same on every rank: {same[name]}")  # fmt: skip
     torch.distributed.destroy_process_group()
 
 

@@ -12,8 +12,10 @@ and, before any collective, every rank learns whether one disagrees); a
 alone (``MPI_Comm_create_group``). All-reduce, its coalesced form,
 reduce-scatter and all-gather go through ringmpi (auto's choice, the node's
 shared memory on one node); the others through the MPI library's own calls.
-Every call completes before it returns: an ``async_op=True`` call returns a
-finished ``Work``, whose ``wait()`` and ``get_future()`` behave as Gloo's.
+An all-reduce of one contiguous tensor (what DDP's buckets are) runs on
+ringmpi's progress thread where the rank has a spare core, its ``Work`` done
+when the thread is; every other call completes before it returns, its
+``Work`` done. Either way ``wait()`` and ``get_future()`` behave as Gloo's.
 Tensors that are not contiguous go through a contiguous copy.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -128,6 +130,9 @@ class _Group(_ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)
+        if (len(tensors) == 1 and tensors[0].is_contiguous() and tensors[0].dtype != torch.bool
+                and (tensors[0].dtype not in _HALF or op in _HALF_OPS)):  # fmt: skip
+            return self._started(tensors, op)
         for tensor in tensors:
             if tensor.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
                 with _Contiguous(tensor) as a:
@@ -136,12 +141,26 @@ class _Group(_ProcessGroup):
                 continue
             if tensor.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
                 wide = tensor.to(torch.float32)
-                self.allreduce([wide], opts)
+                self.allreduce([wide], opts).wait()
                 tensor.copy_(wide)
                 continue
             with _Contiguous(tensor) as a:
                 _api.Allreduce(MPI.IN_PLACE, a, op, self.comm)
         return _done(tensors)
+
+    def _started(self, tensors: list[torch.Tensor], op: Any) -> Any:
+        """The all-reduce of one contiguous tensor, on ringmpi's progress thread where a
+        rank has a spare core (its Work done when the thread is), else at once."""
+        future: torch.futures.Future[Any] = torch.futures.Future()
+
+        def then(error: BaseException | None) -> None:
+            if error is None:
+                future.set_result(tensors)
+            else:
+                future.set_exception(cast(Any, error))
+
+        _api.start(_array(tensors[0]).reshape(-1), op, self.comm, then)
+        return _c10d._create_work_from_future(future)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)
@@ -204,7 +223,7 @@ class _Group(_ProcessGroup):
         root = opts.rootRank
         for tensor in tensors:
             kept = tensor.clone() if self.rank() != root else tensor
-            self.allreduce([kept], opts)
+            self.allreduce([kept], opts).wait()
         return _done(tensors)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],

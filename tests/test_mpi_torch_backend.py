@@ -213,3 +213,20 @@ def test_ddp_on_the_backend_reaches_gloos_weights(gloo):
         except AssertionError as e:
             problems.append(f"parameter {k}: {str(e).splitlines()[0]}")
     agree(WORLD, problems)
+
+
+def test_all_reduces_on_the_progress_thread_are_exact_when_waited_for(gloo):
+    problems = []
+    with ringmpi.configured(progress="thread"):  # as where a rank has a spare core
+        for op, dtype in [(R.SUM, torch.float32), (R.PRODUCT, torch.bfloat16),
+                          (R.MAX, torch.int64), (R.AVG, torch.float64)]:  # fmt: skip
+            x = _input(RANK, dtype)
+            work = dist.all_reduce(x, op, async_op=True)
+            work.wait()
+            if not torch.equal(x, _exact(op, dtype)):
+                problems.append(f"{op} {dtype}: {x.tolist()}")
+        r = _input(RANK, torch.float32)
+        dist.reduce(r, 0)
+        if RANK == 0 and not torch.equal(r, _exact(R.SUM, torch.float32)):
+            problems.append(f"reduce: {r.tolist()}")
+    agree(WORLD, problems)

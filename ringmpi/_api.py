@@ -213,15 +213,17 @@ def allreduce(
     return result
 
 
-def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then) -> None:
+def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then,
+          timeout: float | None = None) -> None:  # fmt: skip
     """An in-place all-reduce of ``recvbuf`` on the progress thread, which calls
     ``then(error)`` (None when it succeeded) once it is done: for callers that hold a
     future rather than an MPI request. Runs it at once, on this thread, where it is
-    the library's or no progress thread would carry it out."""
-    call = _parse(MPI.IN_PLACE, recvbuf, op, comm, "auto", None, None, None)
+    the library's or no progress thread would carry it out. ``timeout``: as for
+    :func:`Allreduce`."""
+    call = _parse(MPI.IN_PLACE, recvbuf, op, comm, "auto", None, timeout, None)
     if call.library or not _progress.threaded(context(cast(Any, call.comm), call.timeout)):
         try:
-            Allreduce(MPI.IN_PLACE, recvbuf, op, comm)
+            Allreduce(MPI.IN_PLACE, recvbuf, op, comm, timeout=timeout)
         except Exception as exc:  # the future carries it
             then(exc)
         else:

@@ -10,7 +10,7 @@ import functools
 import os
 import platform
 
-from . import _settings
+from . import _numba_cache, _settings  # noqa: F401 (_numba_cache: Numba's cache lock)
 
 __all__ = ["cores_share", "cpu_model", "describe", "last_level_cache", "threads"]
 

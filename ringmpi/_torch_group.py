@@ -32,6 +32,7 @@ from mpi4py import MPI
 from torch.distributed import ReduceOp
 
 from . import _api, _halves
+from ._comm import context
 from .kernels import AVG, as_dtype
 
 __all__ = ["BACKEND", "group_comm"]
@@ -87,16 +88,35 @@ class _Contiguous:
             self.tensor.copy_(self.work)
 
 
-# torch's own classes and functions, as Any: the methods below take what torch's C++
-# passes them, which its type stubs (written for the Python API) do not describe.
-_c10d: Any = torch._C._distributed_c10d
+# torch's own classes, as Any: the methods below take what torch's C++ passes them,
+# which its type stubs (written for the Python API) do not describe.
 _ProcessGroup: Any = dist.ProcessGroup
+_WorkBase: Any = dist.Work
 
 
-def _done(result: Any) -> Any:
+class _Work(_WorkBase):
+    """A call's Work: done with its future; ``wait`` raises the call's error (torch's
+    Work made from a future returns True whatever the future holds)."""
+
+    def __init__(self, future: torch.futures.Future[Any]) -> None:
+        super().__init__()
+        self.future = future
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self.future.done()
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self.future
+
+
+def _done(result: Any) -> _Work:
     future: torch.futures.Future[Any] = torch.futures.Future()
     future.set_result(result)
-    return _c10d._create_work_from_future(future)
+    return _Work(future)
 
 
 class _Group(_ProcessGroup):
@@ -137,7 +157,7 @@ class _Group(_ProcessGroup):
             if tensor.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
                 with _Contiguous(tensor) as a:
                     _api.Allreduce(MPI.IN_PLACE, a.view(np.uint8), _op(opts, _BOOL_OPS),
-                                   self.comm)  # fmt: skip
+                                   self.comm, timeout=self.timeout)  # fmt: skip
                 continue
             if tensor.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
                 wide = tensor.to(torch.float32)
@@ -145,7 +165,7 @@ class _Group(_ProcessGroup):
                 tensor.copy_(wide)
                 continue
             with _Contiguous(tensor) as a:
-                _api.Allreduce(MPI.IN_PLACE, a, op, self.comm)
+                _api.Allreduce(MPI.IN_PLACE, a, op, self.comm, timeout=self.timeout)
         return _done(tensors)
 
     def _started(self, tensors: list[torch.Tensor], op: Any) -> Any:
@@ -159,8 +179,8 @@ class _Group(_ProcessGroup):
             else:
                 future.set_exception(cast(Any, error))
 
-        _api.start(_array(tensors[0]).reshape(-1), op, self.comm, then)
-        return _c10d._create_work_from_future(future)
+        _api.start(_array(tensors[0]).reshape(-1), op, self.comm, then, self.timeout)
+        return _Work(future)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)
@@ -170,7 +190,7 @@ class _Group(_ProcessGroup):
                 self.allreduce_coalesced([t for t in tensors if t.dtype == kind], opts)
             return _done(tensors)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        _api.Allreduce(MPI.IN_PLACE, _array(flat), op, self.comm)
+        _api.Allreduce(MPI.IN_PLACE, _array(flat), op, self.comm, timeout=self.timeout)
         at = 0
         for t in tensors:
             t.copy_(flat[at : at + t.numel()].view_as(t))
@@ -180,14 +200,14 @@ class _Group(_ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Any:  # fmt: skip
         with _Contiguous(output) as out, _Contiguous(input) as inp:
-            _halves.Allgather(inp, out, self.comm)
+            _halves.Allgather(inp, out, self.comm, timeout=self.timeout)
         return _done(output)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Any:  # fmt: skip
         op = _op(opts)
         with _Contiguous(output) as out, _Contiguous(input) as inp:
-            _halves.Reduce_scatter_block(inp, out, op, self.comm)
+            _halves.Reduce_scatter_block(inp, out, op, self.comm, timeout=self.timeout)
         return _done(output)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -334,7 +354,11 @@ def _create(common: Any, backend_opts: Any) -> _Group:
     elif me != world.Get_rank():
         raise RuntimeError(f"the ringmpi backend: torch puts MPI rank {world.Get_rank()} at "
                            f"group rank {common.group_rank} of global ranks {ranks}")  # fmt: skip
-    return _Group(group_comm(ranks, str(common.group_id)), common.timeout)
+    comm = group_comm(ranks, str(common.group_id))
+    # ringmpi's state for it now, while every member is here: made at a first call
+    # instead, its collectives could wait for a rank that never comes, past any timeout
+    context(comm)
+    return _Group(comm, common.timeout)
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

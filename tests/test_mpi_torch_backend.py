@@ -8,6 +8,7 @@ that, and Gloo's bit for bit where Gloo has the collective (make test-torch).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import types
 
@@ -230,3 +231,14 @@ def test_all_reduces_on_the_progress_thread_are_exact_when_waited_for(gloo):
         if RANK == 0 and not torch.equal(r, _exact(R.SUM, torch.float32)):
             problems.append(f"reduce: {r.tolist()}")
     agree(WORLD, problems)
+
+
+def test_a_rank_that_never_comes_is_named_after_the_groups_timeout(gloo):
+    if SIZE == 1:
+        pytest.skip("one rank: nobody to wait for")
+    sub = dist.new_group(list(range(SIZE)), timeout=datetime.timedelta(seconds=1))
+    dist.all_reduce(torch.ones(4), group=sub)  # every rank: the loops loaded
+    if RANK == 0:  # the others never call
+        with pytest.raises(Exception, match=r"rank 0: .*waited 1 s for rank 1"):
+            dist.all_reduce(torch.ones(4), group=sub)
+    WORLD.Barrier()

@@ -307,7 +307,7 @@ def test_the_halves_winners_go_under_collectives_and_the_next_run_starts_tuned(s
     out = np.empty(k, np.int32)
     problems = []
     with ringmpi.trace() as t:
-        for i in range(40):  # the trials (at most 3 candidates x 11 calls), then the winner
+        for i in range(tuner.most_trial_calls(4 * k * n) + 1):  # the trials, then the winner
             ringmpi.Reduce_scatter_block(x, out, comm=comm)
             if out.tobytes() != want:
                 problems.append(f"call {i}: wrong result")

@@ -200,7 +200,11 @@ class _Group(_ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Any:  # fmt: skip
         with _Contiguous(output) as out, _Contiguous(input) as inp:
-            _halves.Allgather(inp, out, self.comm, timeout=self.timeout)
+            send: Any = inp
+            at = inp.ctypes.data - out.ctypes.data  # FSDP gathers into its own block
+            if 0 <= at < out.nbytes or 0 <= -at < inp.nbytes:  # the two overlap
+                send = MPI.IN_PLACE if at == self.rank() * inp.nbytes else inp.copy()
+            _halves.Allgather(send, out, self.comm, timeout=self.timeout)
         return _done(output)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,

@@ -1,0 +1,76 @@
+"""torch.distributed collectives on the ringmpi backend against a Gloo group of the same ranks.
+
+    mpirun -n 2 python examples/torch_collectives.py [--max 64M] [--calls 20]
+
+For each size (float32, 8 B, 64 B, ... up to --max, times 8) and each
+collective (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+broadcast), the default group on the ``ringmpi`` backend and a Gloo group
+(``new_group(backend="gloo")``) take turns, --calls calls each after a
+barrier (the first two of each untimed); each prints the median of the
+slowest rank's times in µs and ringmpi's over Gloo's. The size is the
+tensor each rank passes: all_reduce's and broadcast's, the gathered
+output's, the scattered input's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import ringmpi.torch
+from ringmpi.tools._units import format_size, parse_size
+
+
+def _calls(n: int, size: int) -> dict:
+    """Each collective's call on ``group`` for tensors of ``n`` float32 in all."""
+    block = max(1, n // size)
+    x, whole = torch.ones(n), torch.ones(block * size)
+    mine = torch.empty(block)
+    return {
+        "all_reduce": lambda g: dist.all_reduce(x, group=g),
+        "all_gather": lambda g: dist.all_gather_into_tensor(whole, mine, group=g),
+        "reduce_scatter": lambda g: dist.reduce_scatter_tensor(mine, whole, group=g),
+        "broadcast": lambda g: dist.broadcast(x, 0, group=g),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max", type=parse_size, default=64 << 20, help="largest size (64M)")
+    parser.add_argument("--calls", type=int, default=20, help="calls of each (20)")
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    ringmpi.torch.init_process_group(comm, backend="ringmpi")
+    gloo = dist.new_group(backend="gloo")
+    groups = {"ringmpi": None, "gloo": gloo}
+    if comm.rank == 0:
+        print(f"# {comm.size} ranks, float32; median µs a call, slowest rank")
+        print(f"{'size':>6} {'collective':<15} {'ringmpi':>10} {'gloo':>10} {'ratio':>6}")
+    nbytes = 8
+    while nbytes <= args.max:
+        for name in _calls(1, comm.size):
+            call = _calls(nbytes // 4, comm.size)[name]
+            times: dict[str, list[float]] = {k: [] for k in groups}
+            for i in range(args.calls + 2):
+                for k, g in groups.items():
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    call(g)
+                    took = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+                    if i >= 2:
+                        times[k].append(took)
+            us = {k: float(np.median(v)) * 1e6 for k, v in times.items()}
+            if comm.rank == 0:
+                print(f"{format_size(nbytes):>6} {name:<15} {us['ringmpi']:>10.1f} "
+                      f"{us['gloo']:>10.1f} {us['ringmpi'] / us['gloo']:>6.2f}")  # fmt: skip
+        nbytes *= 8
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -105,30 +105,23 @@ def _days(value: Any, says: str) -> float:
     return days
 
 
-def _lease(value: Any, says: str) -> int | None:
-    """A number of calls >= 0, or None for auto (unset, empty, "auto")."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "auto")):
-        return None
-    try:
-        number = int(value) if not isinstance(value, (bool, float)) else None
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < 0:
-        raise ValueError(f"{says} must be auto or a whole number of calls >= 0, not {value!r}")
-    return number
+def _auto_or(least: int, what: str):
+    """A parser of a whole number of ``what`` >= ``least``, or None for auto (unset,
+    empty, "auto")."""
 
+    def parse(value: Any, says: str) -> int | None:
+        if value is None or (isinstance(value, str) and value.strip() in ("", "auto")):
+            return None
+        try:
+            number = int(value) if not isinstance(value, (bool, float)) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or number < least:
+            raise ValueError(f"{says} must be auto or a whole number of {what} >= {least}, "
+                             f"not {value!r}")  # fmt: skip
+        return number
 
-def _threads(value: Any, says: str) -> int | None:
-    """A number of threads >= 1, or None for auto (unset, empty, "auto")."""
-    if value is None or (isinstance(value, str) and value.strip() in ("", "auto")):
-        return None
-    try:
-        number = int(value) if not isinstance(value, (bool, float)) else None
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < 1:
-        raise ValueError(f"{says} must be auto or a whole number of threads >= 1, not {value!r}")
-    return number
+    return parse
 
 
 def _setting(default: object, parse, doc: str):
@@ -155,10 +148,12 @@ class Settings:
     progress: str = _setting("auto", _one_of(PROGRESS), "who carries out nonblocking calls")
     tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")
-    lease: int | None = _setting(None, _lease, "untuned classes' first calls that run the "
-                                 "library's call before the tuner: auto or a number")  # fmt: skip
-    threads: int | None = _setting(None, _threads, "threads of a rank's node reductions: auto "
-                                   "(its share of the cores) or a number")  # fmt: skip
+    lease: int | None = _setting(None, _auto_or(0, "calls"), "untuned classes' first calls "
+                                 "that run the library's call before the tuner: auto or a "
+                                 "number")  # fmt: skip
+    threads: int | None = _setting(None, _auto_or(1, "threads"), "threads of a rank's node "
+                                   "reductions: auto (its share of the cores) or a "
+                                   "number")  # fmt: skip
 
     @staticmethod
     def variable(name: str) -> str:

@@ -10,6 +10,8 @@ from conftest import agree
 from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
+from torch_train import differences, mlp, train_ddp  # noqa: E402
+
 import ringmpi  # noqa: E402
 import ringmpi.torch  # noqa: E402
 
@@ -26,47 +28,16 @@ def gloo():
     torch.distributed.destroy_process_group()
 
 
-def _train(hook: bool, steps: int = 6) -> list:
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.05)  # several buckets
-    if hook:
-        ddp.register_comm_hook(WORLD, ringmpi.torch.allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(RANK + 1)
-    for _ in range(steps):
-        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 7, (16,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in net.parameters()]
-
-
 def test_the_hook_reaches_ddps_weights(gloo):
-    theirs, ours = _train(hook=False), _train(hook=True)
-    problems = []
-    for k, (a, b) in enumerate(zip(theirs, ours, strict=True)):
-        try:
-            torch.testing.assert_close(b, a)  # float32's tolerances
-        except AssertionError as e:
-            problems.append(f"parameter {k}: {str(e).splitlines()[0]}")
+    theirs = train_ddp()
+    ours = train_ddp(hook=ringmpi.torch.allreduce_hook, state=WORLD)
+    problems = differences(ours, theirs)
     digest = hashlib.sha256(b"".join(p.numpy().tobytes() for p in ours)).hexdigest()
     if len(set(WORLD.allgather(digest))) != 1:
         problems.append("the hook's weights differ between ranks")
-    moved = max(float((p - q).abs().max()) for p, q in zip(ours, _initial(), strict=True))
+    moved = max(float((p - q).abs().max()) for p, q in zip(ours, mlp().parameters(), strict=True))
     problems += [] if moved > 0 else ["the weights never moved"]
     agree(WORLD, problems)
-
-
-def _initial() -> list:
-    from torch import nn
-
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
-    return [p.detach() for p in net.parameters()]
 
 
 def test_cpu_tensors_go_through_every_call():

@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
+from torch_train import differences, fit, mlp, train_ddp  # noqa: E402
 
 import ringmpi.torch  # noqa: E402
 from ringmpi import _torch_group  # noqa: E402
@@ -188,38 +189,14 @@ def test_torch_ranks_that_are_not_mpis_are_named_on_every_rank(gloo):
         _torch_group._create(shifted, None)
 
 
-def _train(group, steps: int = 6, hook=None) -> list:
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
-    ddp = DistributedDataParallel(net, bucket_cap_mb=0.05, process_group=group)
-    if hook is not None:
-        ddp.register_comm_hook(group, hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(RANK + 1)
-    for _ in range(steps):
-        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 7, (16,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(ddp(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in net.parameters()]
-
-
 @pytest.mark.parametrize("hook", [None, "fp16_compress_hook"])
 def test_ddp_on_the_backend_reaches_gloos_weights(gloo, hook):
     # (torch 2.13 refuses bf16_compress_hook without CUDA or XPU)
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     fn = None if hook is None else getattr(default_hooks, hook)
-    ours, theirs = _train(None, hook=fn), _train(gloo, hook=fn)
-    problems = []
-    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        try:
-            torch.testing.assert_close(a, b)  # float32's tolerances
-        except AssertionError as e:
-            problems.append(f"parameter {k}: {str(e).splitlines()[0]}")
+    ours, theirs = train_ddp(None, fn), train_ddp(gloo, fn, gloo)
+    problems = differences(ours, theirs)
     agree(WORLD, problems)
 
 
@@ -252,21 +229,13 @@ def test_a_rank_that_never_comes_is_named_after_the_groups_timeout(gloo):
 
 
 def _train_fsdp2(mesh, steps: int = 4) -> list:
-    from torch import nn
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
+    net = mlp()
     for layer in (net[0], net[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(RANK + 1)
-    for _ in range(steps):
-        x, y = torch.randn(16, 40, generator=g), torch.randint(0, 7, (16,), generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
+    fit(net, steps)
     # each rank's shards (the same on both meshes: the same ranks in the same order)
     return [p.to_local().detach().clone() for p in net.parameters()]
 
@@ -276,10 +245,5 @@ def test_fsdp2_on_the_backend_reaches_gloos_weights(gloo):
 
     ours = _train_fsdp2(init_device_mesh("cpu", (SIZE,)))  # the default group: ringmpi
     theirs = _train_fsdp2(DeviceMesh.from_group(gloo, "cpu"))
-    problems = []
-    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        try:
-            torch.testing.assert_close(a, b)
-        except AssertionError as e:
-            problems.append(f"parameter {k}: {str(e).splitlines()[0]}")
+    problems = differences(ours, theirs)
     agree(WORLD, problems)

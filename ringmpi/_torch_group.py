@@ -21,7 +21,9 @@ Tensors that are not contiguous go through a contiguous copy.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import weakref
 import zlib
 from typing import Any, cast
 
@@ -70,6 +72,15 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(as_dtype("bfloat16"))
     return t.numpy()
+
+
+def _raw(tensor: torch.Tensor) -> np.ndarray:
+    """A flat NumPy view of a contiguous CPU tensor's memory that holds no reference to
+    it (its holder must not outlive the tensor: see _Group._view)."""
+    kind = _array(torch.empty(0, dtype=tensor.dtype)).dtype  # (not the tensor's own numpy())
+    memory = (ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(
+        tensor.data_ptr())  # fmt: skip
+    return np.frombuffer(cast(Any, memory), kind)
 
 
 class _Contiguous:
@@ -127,6 +138,10 @@ class _Group(_ProcessGroup):
         self.comm = comm
         self.timeout = timeout.total_seconds()
         self._name = self._desc = ""
+        # One NumPy view per tensor, dropped with it: ringmpi's repeat path knows a call by
+        # its array object, so the same tensor's next all-reduce (DDP's buckets, step
+        # after step) runs from there, not through the full path a new view would take.
+        self._views: dict[int, tuple] = {}  # id(tensor) -> (weak ref, memory, view)
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -179,8 +194,20 @@ class _Group(_ProcessGroup):
             else:
                 future.set_exception(cast(Any, error))
 
-        _api.start(_array(tensors[0]).reshape(-1), op, self.comm, then, self.timeout)
+        _api.start(self._view(tensors[0]), op, self.comm, then, self.timeout)
         return _Work(future)
+
+    def _view(self, tensor: torch.Tensor) -> np.ndarray:
+        """``tensor``'s flat NumPy view, the same object while its memory is the same."""
+        where = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        found = self._views.get(id(tensor))
+        if found is None or found[0]() is not tensor or found[1] != where:
+            if not tensor.numel():
+                return _array(tensor).reshape(-1)
+            views, key = self._views, id(tensor)
+            ref = weakref.ref(tensor, lambda _: views.pop(key, None))
+            found = views[key] = (ref, where, _raw(tensor))
+        return found[2]
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import gc
 import types
 
 import pytest
@@ -247,3 +248,16 @@ def test_fsdp2_on_the_backend_reaches_gloos_weights(gloo):
     theirs = _train_fsdp2(DeviceMesh.from_group(gloo, "cpu"))
     problems = differences(ours, theirs)
     agree(WORLD, problems)
+
+
+def test_a_tensors_view_is_kept_while_it_lives_and_dropped_with_it(gloo):
+    group = dist.group.WORLD  # ours: the repeat path knows a call by its array object
+    t = torch.ones(8)
+    view = group._view(t)
+    assert group._view(t) is view and view.size == 8
+    t.resize_(1 << 20)  # other memory: another view
+    assert group._view(t) is not view and group._view(t).size == 1 << 20
+    key = id(t)
+    del t, view
+    gc.collect()
+    assert key not in group._views

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 from mpi4py import MPI
 
-from . import _cache, _host, _settings
+from . import _cache, _settings
 from ._cache import Bounded
 from ._errors import RingMPIError
 from .kernels import Reduction, decode_tag
@@ -76,10 +76,6 @@ class Context:
         # (mpi4py's stub types Split_type as Comm's; an Intracomm's split is an Intracomm)
         self.node = cast(MPI.Intracomm, self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank))
         self.sleepy = wait == "sleep" or (wait == "auto" and _crowded(self.node))
-        # This rank's share of the node's cores (its affinity mask against the others'),
-        # the threads its node reductions use by default: agreed here, with the node.
-        self.cores = _host.cores_share(self.node.allgather(_host.affinity()),
-                                       self.node.Get_rank())  # fmt: skip
         # (nodes, largest node's ranks), agreed here, where every rank makes its context:
         # asked for later, on a path some ranks take and others not (a call remembered
         # on one rank, a Test), a collective would wait for ranks that never come.

@@ -10,6 +10,8 @@ import functools
 import os
 import platform
 
+import numba
+
 from . import _numba_cache, _settings  # noqa: F401 (_numba_cache: Numba's cache lock)
 
 __all__ = ["cores_share", "cpu_model", "describe", "last_level_cache", "threads"]
@@ -64,8 +66,6 @@ def threads(setting: int | None, share: int) -> int:
 
 def _pool() -> int:
     """Threads in Numba's pool (``NUMBA_NUM_THREADS``; its default: the cores)."""
-    import numba  # noqa: PLC0415 -- only where a rank's threads are asked for
-
     return int(getattr(numba.config, "NUMBA_NUM_THREADS"))  # noqa: B009 -- set at import
 
 

@@ -178,10 +178,15 @@ class _Allocation:
 
 
 class _Windows:
-    """A communicator's allocations (the record's state), freed with it."""
+    """A communicator's allocations (the record's state), freed with it; made by the
+    first ``ringmpi.empty`` on it, which every rank of its node calls."""
 
     def __init__(self, ctx: Context) -> None:
         self.made: list[_Allocation] = []
+        # this rank's share of the node's cores (its affinity mask against the others'):
+        # the threads of its calls by default
+        self.cores = _host.cores_share(ctx.node.allgather(_host.affinity()),
+                                       ctx.node.Get_rank())  # fmt: skip
 
     def free(self) -> None:
         for a in self.made:
@@ -281,7 +286,7 @@ def symmetric_run(work: np.ndarray, red: Reduction, ctx: Context, source: np.nda
         return
     made = out[0]
     lanes = red.lanes(np.zeros(0, red.dtype)).dtype
-    threads = _host.threads(_settings.current().threads, ctx.cores)
+    threads = _host.threads(_settings.current().threads, ctx.state(SYMMETRIC).cores)
     key = (red.tag, timeout, threads)
     found = made.calls.get(key)
     if found is None:

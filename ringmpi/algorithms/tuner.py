@@ -100,7 +100,6 @@ class _Trials:
 
     names: list[str]
     timed: int  # timed calls per candidate
-    untimed: int = -1  # untimed calls first (-1: one a candidate)
     second: bool = False  # the second round: the best own candidate against the library
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
@@ -111,8 +110,6 @@ class _Trials:
     charged: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.untimed < 0:
-            self.untimed = len(self.names)
         self.times = self.times or [[] for _ in self.names]
         self.charged = self.charged or [0.0 for _ in self.names]
 
@@ -126,6 +123,11 @@ class _Trials:
             made = self.leads[key] = (out, out if source is None else np.empty_like(source))
         np.copyto(made[1], work if source is None else source)
         return made
+
+    @property
+    def untimed(self) -> int:
+        """Untimed calls first: each candidate's first (none in a second round)."""
+        return 0 if self.second else len(self.names)
 
     @property
     def total(self) -> int:
@@ -260,7 +262,7 @@ def _second_round(trials: _Trials, winner: str) -> _Trials:
     """The winner against the library, as many timed calls each again, their first
     round's times kept: every rank decides on both rounds' calls."""
     pair = [trials.names.index(winner), trials.names.index("mpi")]
-    return _Trials([trials.names[i] for i in pair], trials.timed, untimed=0, second=True,
+    return _Trials([trials.names[i] for i in pair], trials.timed, second=True,
                    repeats=trials.repeats, leads=trials.leads,
                    times=[list(trials.times[i]) for i in pair],
                    charged=[trials.charged[i] for i in pair])  # fmt: skip

@@ -10,9 +10,7 @@ import functools
 import os
 import platform
 
-import numba
-
-from . import _numba_cache, _settings  # noqa: F401 (_numba_cache: Numba's cache lock)
+from . import _settings
 
 __all__ = ["cores_share", "cpu_model", "describe", "last_level_cache", "threads"]
 
@@ -65,7 +63,13 @@ def threads(setting: int | None, share: int) -> int:
 
 
 def _pool() -> int:
-    """Threads in Numba's pool (``NUMBA_NUM_THREADS``; its default: the cores)."""
+    """Threads in Numba's pool (``NUMBA_NUM_THREADS``; its default: the cores).
+    Numba is imported here, not with the module: ``ringmpi.tools --help`` reads the
+    cache size from this module and starts no compiler."""
+    import numba  # noqa: PLC0415
+
+    from . import _numba_cache  # noqa: F401, PLC0415 -- Numba's cache lock
+
     return int(getattr(numba.config, "NUMBA_NUM_THREADS"))  # noqa: B009 -- set at import
 
 

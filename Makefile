@@ -165,7 +165,7 @@ test-torch: $(VENV)/.ok-torch
 	@for n in $(TORCH_RANKS); do \
 	  echo "== tests/test_mpi_torch.py at $$n rank(s) =="; \
 	  timeout --kill-after=10 $(SUITE_TIMEOUT) $(MPIRUN) -n $$n \
-	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py tests/test_mpi_torch_backend.py || exit 1; \
+	    $(PY) -m pytest --with-mpi -m "mpi and torch" tests/test_mpi_torch.py tests/test_mpi_torch_backend.py tests/test_mpi_torch_rendezvous.py || exit 1; \
 	done
 
 # The README's table and plot: auto against each family's own MPI_Allreduce at 2

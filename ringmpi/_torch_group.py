@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import struct
+import time
 import weakref
 import zlib
 from typing import Any, cast
@@ -35,6 +37,7 @@ from torch.distributed import ReduceOp
 
 from . import _api, _halves
 from ._comm import context
+from ._errors import RingMPIError
 from .kernels import AVG, as_dtype
 
 __all__ = ["BACKEND", "group_comm"]
@@ -54,6 +57,27 @@ _HALF_OPS = (MPI.SUM, MPI.MAX, MPI.MIN, AVG)  # what ringmpi reduces the half ty
 _BOOL_OPS = {ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.BOR: MPI.MAX,
              ReduceOp.PRODUCT: MPI.MIN, ReduceOp.MIN: MPI.MIN, ReduceOp.BAND: MPI.MIN,
              ReduceOp.BXOR: MPI.BXOR}  # fmt: skip
+
+
+# What the check before each collective compares across the group's ranks (one row of
+# int64s a rank, _ROW): the call, its first tensor's dtype, the elements of all its tensors, a
+# digest of every tensor's dtype and size, and the root.
+_CALLS = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
+          "reduce_scatter_tensor", "all_gather", "reduce_scatter", "broadcast", "barrier",
+          "reduce", "gather", "scatter", "all_to_all_single", "all_to_all")  # fmt: skip
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8,
+           torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+           torch.complex128)  # fmt: skip
+_CHECK_TAG = 1
+
+
+_ROW = struct.Struct("5q")
+
+
+def _describe(row: tuple[int, ...]) -> str:
+    call, kind, count, _, root = row
+    what = f"{_CALLS[call]} of {count} {_DTYPES[kind] if kind < len(_DTYPES) else '?'} elements"
+    return what + (f", root {root}" if root >= 0 else "")
 
 
 def _op(opts: Any, ops: dict = _OPS) -> Any:
@@ -135,6 +159,7 @@ class _Group(_ProcessGroup):
 
     def __init__(self, comm: MPI.Intracomm, timeout: datetime.timedelta) -> None:
         super().__init__(comm.Get_rank(), comm.Get_size())
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # the library's errors raise, on that rank
         self.comm = comm
         self.timeout = timeout.total_seconds()
         self._name = self._desc = ""
@@ -142,6 +167,61 @@ class _Group(_ProcessGroup):
         # its array object, so the same tensor's next all-reduce (DDP's buckets, step
         # after step) runs from there, not through the full path a new view would take.
         self._views: dict[int, tuple] = {}  # id(tensor) -> (weak ref, memory, view)
+        # the check's messages (see _agree): persistent requests on a communicator of
+        # their own, which each check starts
+        check, n, me = comm.Dup(), comm.Get_size(), comm.Get_rank()
+        self._rows, self._mine = bytearray(n * _ROW.size), bytearray(_ROW.size)
+        self._peers = [p for p in range(n) if p != me]
+        self._reqs = [
+            check.Recv_init(
+                [memoryview(self._rows)[p * _ROW.size :][: _ROW.size], MPI.BYTE], p, _CHECK_TAG
+            )
+            for p in self._peers
+        ]
+        self._reqs += [check.Send_init([self._mine, MPI.BYTE], p, _CHECK_TAG)
+                       for p in self._peers]  # fmt: skip
+        self._broken = ""
+
+    def _agree(self, call: str, tensors: list[torch.Tensor], root: int = -1) -> None:
+        """Before a collective moves any data: every rank of the group makes the same
+        call with tensors of the same dtypes and elements, and the same root. Where one
+        differs, every rank raises ValueError naming each rank's; a rank that does not
+        come within the group's timeout is named (RingMPIError), and the group's later
+        calls raise it too. One message to and from each other rank: a few
+        microseconds at 2 ranks."""
+        if self._broken:
+            raise RingMPIError(self._broken)
+        n, me = self.size(), self.rank()
+        kind = tensors[0].dtype if tensors else torch.uint8
+        many = len(tensors) > 1
+        _ROW.pack_into(self._mine, 0, _CALLS.index(call),
+                       _DTYPES.index(kind) if kind in _DTYPES else len(_DTYPES),
+                       sum(t.numel() for t in tensors) if many else
+                       tensors[0].numel() if tensors else 0,
+                       zlib.crc32(repr([(t.dtype, t.numel()) for t in tensors]).encode())
+                       if many else 0, root)  # fmt: skip
+        if n == 1:
+            return
+        rows, mine, reqs = self._rows, self._mine, self._reqs
+        rows[me * _ROW.size : (me + 1) * _ROW.size] = mine
+        MPI.Prequest.Startall(reqs)
+        if not MPI.Request.Testall(reqs) and not self._waited(lambda: MPI.Request.Testall(reqs)):
+            missing = [p for p, r in zip(self._peers, reqs, strict=False) if not r.Test()]
+            for req in reqs:
+                req.Cancel()
+            self._broken = self._late(call, missing)
+            raise RingMPIError(self._broken)
+        if rows == mine * n:
+            return
+        kinds: dict[str, list[int]] = {}
+        for r in range(n):
+            kinds.setdefault(_describe(_ROW.unpack_from(rows, r * _ROW.size)), []).append(r)
+        if len(kinds) == 1:
+            said = "the same elements in tensors of other sizes or dtypes"
+        else:
+            said = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {k}"
+                             for k, rs in kinds.items())  # fmt: skip
+        raise ValueError(f"the ringmpi backend: the group's ranks disagree on {call}: {said}")
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -163,8 +243,29 @@ class _Group(_ProcessGroup):
 
     # --- through ringmpi ---------------------------------------------------------------
 
+    def _waited(self, done: Any) -> bool:
+        """Whether ``done()`` came true within the group's timeout (polled: at once, then
+        every 0.2 ms from 1 ms on)."""
+        start = time.monotonic()
+        while not done():
+            waited = time.monotonic() - start
+            if waited > self.timeout > 0:
+                return False
+            if waited > 1e-3:
+                time.sleep(0.0002)
+        return True
+
+    def _late(self, what: str, ranks: list[int]) -> str:
+        return (f"rank {self.rank()}: {what}: waited {self.timeout:g} s for rank"
+                f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} without "
+                "progress (timeout: the group's)")  # fmt: skip
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)
+        self._agree("all_reduce", tensors)
+        return self._allreduce(tensors, op, opts)
+
+    def _allreduce(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Any:
         if (len(tensors) == 1 and tensors[0].is_contiguous() and tensors[0].dtype != torch.bool
                 and (tensors[0].dtype not in _HALF or op in _HALF_OPS)):  # fmt: skip
             return self._started(tensors, op)
@@ -176,7 +277,7 @@ class _Group(_ProcessGroup):
                 continue
             if tensor.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
                 wide = tensor.to(torch.float32)
-                self.allreduce([wide], opts).wait()
+                self._allreduce([wide], op, opts).wait()
                 tensor.copy_(wide)
                 continue
             with _Contiguous(tensor) as a:
@@ -210,11 +311,14 @@ class _Group(_ProcessGroup):
         return found[2]
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        op = _op(opts)
+        self._agree("all_reduce_coalesced", tensors)
+        return self._allreduce_coalesced(tensors, _op(opts))
+
+    def _allreduce_coalesced(self, tensors: list[torch.Tensor], op: Any) -> Any:
         kinds = {t.dtype for t in tensors}
         if len(kinds) != 1:  # one flat buffer a dtype
             for kind in kinds:
-                self.allreduce_coalesced([t for t in tensors if t.dtype == kind], opts)
+                self._allreduce_coalesced([t for t in tensors if t.dtype == kind], op)
             return _done(tensors)
         flat = torch.cat([t.reshape(-1) for t in tensors])
         _api.Allreduce(MPI.IN_PLACE, _array(flat), op, self.comm, timeout=self.timeout)
@@ -226,6 +330,10 @@ class _Group(_ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> Any:  # fmt: skip
+        self._agree("all_gather_into_tensor", [input, output])
+        return self._all_gather_single(output, input)
+
+    def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Any:
         with _Contiguous(output) as out, _Contiguous(input) as inp:
             send: Any = inp
             at = inp.ctypes.data - out.ctypes.data  # FSDP gathers into its own block
@@ -236,50 +344,78 @@ class _Group(_ProcessGroup):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Any:  # fmt: skip
-        op = _op(opts)
+        self._agree("reduce_scatter_tensor", [input, output])
+        return self._reduce_scatter_single(output, input, _op(opts))
+
+    def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                               op: Any) -> Any:  # fmt: skip
         with _Contiguous(output) as out, _Contiguous(input) as inp:
             _halves.Reduce_scatter_block(inp, out, op, self.comm, timeout=self.timeout)
         return _done(output)
 
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor],
+                                    opts: Any = None) -> Any:  # fmt: skip
+        """torch's functional all-gather (DTensor's, FSDP2's in torch.compile)."""
+        self._agree("all_gather_into_tensor", [*inputs, *outputs])
+        for output, input in zip(outputs, inputs, strict=True):
+            self._all_gather_single(output, input)
+        return _done(outputs)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
+                                        opts: Any = None) -> Any:  # fmt: skip
+        """torch's functional reduce-scatter."""
+        self._agree("reduce_scatter_tensor", [*inputs, *outputs])
+        for output, input in zip(outputs, inputs, strict=True):
+            self._reduce_scatter_single(output, input, _op(opts))
+        return _done(outputs)
+
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> Any:  # fmt: skip
+        self._agree("all_gather", [*inputs, *(t for outs in outputs for t in outs)])
         for outs, tensor in zip(outputs, inputs, strict=True):
             whole = torch.empty((self.size(), *tensor.shape), dtype=tensor.dtype)
-            self.all_gather_single(whole, tensor)
+            self._all_gather_single(whole, tensor)
             for r, out in enumerate(outs):
                 out.copy_(whole[r])
         return _done(outputs)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                        opts: Any = None) -> Any:  # fmt: skip
+        op = _op(opts)
+        self._agree("reduce_scatter", [*outputs, *(t for parts in inputs for t in parts)])
         for out, parts in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(out, torch.stack([p.reshape(out.shape) for p in parts]),
-                                       opts)  # fmt: skip
+            self._reduce_scatter_single(out, torch.stack([p.reshape(out.shape) for p in parts]),
+                                        op)  # fmt: skip
         return _done(outputs)
 
     # --- through the MPI library ---------------------------------------------------------
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        self._agree("broadcast", tensors, opts.rootRank)
         for tensor in tensors:
             with _Contiguous(tensor) as a:
                 self.comm.Bcast(_bytes(a), root=opts.rootRank)
         return _done(tensors)
 
     def barrier(self, opts: Any = None) -> Any:
-        self.comm.Barrier()
+        self._agree("barrier", [])  # every rank has heard from every other: a barrier
         return _done(None)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         # an all-reduce: ringmpi's, whose answer every rank has; the root keeps it
-        root = opts.rootRank
+        root, op = opts.rootRank, _op(opts)
+        self._agree("reduce", tensors, root)
         for tensor in tensors:
             kept = tensor.clone() if self.rank() != root else tensor
-            self.allreduce([kept], opts).wait()
+            self._allreduce([kept], op, opts).wait()
         return _done(tensors)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                opts: Any = None) -> Any:  # fmt: skip
         root = opts.rootRank
+        self._agree("gather", inputs, root)
         for i, tensor in enumerate(inputs):
             whole = torch.empty((self.size(), *tensor.shape), dtype=tensor.dtype)
             with _Contiguous(tensor) as inp:
@@ -293,6 +429,7 @@ class _Group(_ProcessGroup):
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                 opts: Any = None) -> Any:  # fmt: skip
         root = opts.rootRank
+        self._agree("scatter", outputs, root)
         for i, tensor in enumerate(outputs):
             whole = torch.stack([p.reshape(tensor.shape) for p in inputs[i]]).contiguous() \
                 if self.rank() == root else None  # fmt: skip
@@ -304,6 +441,9 @@ class _Group(_ProcessGroup):
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
                       output_splits: list[int], input_splits: list[int],
                       opts: Any = None) -> Any:  # fmt: skip
+        # the dtypes compared (each pair's counts are the library's to check: the
+        # receiver of more than it expects raises)
+        self._agree("all_to_all_single", [torch.empty(0, dtype=input.dtype)])
         n = self.size()
         with _Contiguous(output) as out, _Contiguous(input) as inp:
             rows_out = max(1, output.shape[0]) if output.dim() else 1
@@ -317,6 +457,7 @@ class _Group(_ProcessGroup):
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any = None) -> Any:  # fmt: skip
+        self._agree("all_to_all", [torch.empty(0, dtype=inputs[0].dtype)])
         send = torch.cat([t.reshape(-1) for t in inputs])
         recv = torch.empty(sum(t.numel() for t in outputs), dtype=outputs[0].dtype)
         per = send.element_size()
@@ -332,14 +473,39 @@ class _Group(_ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
         for tensor in tensors:
             with _Contiguous(tensor) as a:
-                self.comm.Send(_bytes(a), dest=dst, tag=tag)
+                req = self.comm.Isend(_bytes(a), dest=dst, tag=tag)
+                if not self._waited(req.Test):
+                    req.Cancel()
+                    raise RingMPIError(self._late(f"send to rank {dst}", [dst]))
         return _done(tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        """The message's size is checked against the tensor's (the sender is not told)."""
+        status = MPI.Status()
         for tensor in tensors:
+            message = self._probed(src, tag, status)
             with _Contiguous(tensor) as a:
-                self.comm.Recv(_bytes(a), source=src, tag=tag)
+                sent = status.Get_count(MPI.BYTE)
+                if sent != a.nbytes:
+                    message.Recv(bytearray(sent))
+                    raise ValueError(f"the ringmpi backend: rank {self.rank()} receives "
+                                     f"{tensor.numel()} {tensor.dtype} elements ({a.nbytes} "
+                                     f"bytes) from rank {src}, which sent "
+                                     f"{sent} bytes")  # fmt: skip
+                message.Recv(_bytes(a))
         return _done(tensors)
+
+    def _probed(self, src: int, tag: int, status: MPI.Status) -> MPI.Message:
+        """The next message from ``src`` with ``tag``, matched (its size in ``status``)."""
+        found: list[MPI.Message | None] = [None]
+
+        def arrived() -> bool:
+            found[0] = self.comm.improbe(src, tag, status)
+            return found[0] is not None
+
+        if not self._waited(arrived):
+            raise RingMPIError(self._late(f"recv from rank {src}", [src]))
+        return cast(MPI.Message, found[0])
 
 
 def _starts(counts: list[int]) -> list[int]:

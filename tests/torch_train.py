@@ -16,10 +16,11 @@ def mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(40, 300), nn.ReLU(), nn.Linear(300, 7))
 
 
-def fit(model: nn.Module, steps: int) -> None:
-    """``steps`` SGD steps of ``model`` on this rank's batches (the same every run)."""
+def fit(model: nn.Module, steps: int, batches: int = RANK) -> None:
+    """``steps`` SGD steps of ``model`` on batches ``batches`` (this rank's, the same every
+    run)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(RANK + 1)
+    g = torch.Generator().manual_seed(batches + 1)
     for _ in range(steps):
         x, y = torch.randn(16, 40, generator=g), torch.randint(0, 7, (16,), generator=g)
         opt.zero_grad()

@@ -2,7 +2,7 @@
 
     mpirun -n 2 python examples/torch_collectives.py [--max 64M] [--calls 20]
 
-For each size (float32, 8 B, 64 B, ... up to --max, times 8) and each
+For each size (float32, 8 B, 64 B, ... times 8 up to --max, and --max) and each
 collective (all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
 broadcast), the default group on the ``ringmpi`` backend and a Gloo group
 (``new_group(backend="gloo")``) take turns, --calls calls each after a
@@ -51,8 +51,8 @@ def main() -> None:
     if comm.rank == 0:
         print(f"# {comm.size} ranks, float32; median µs a call, slowest rank")
         print(f"{'size':>6} {'collective':<15} {'ringmpi':>10} {'gloo':>10} {'ratio':>6}")
-    nbytes = 8
-    while nbytes <= args.max:
+    sizes = [8 << 3 * k for k in range(30) if 8 << 3 * k <= args.max]
+    for nbytes in sizes + ([args.max] if sizes[-1] < args.max else []):
         for name in _calls(1, comm.size):
             call = _calls(nbytes // 4, comm.size)[name]
             times: dict[str, list[float]] = {k: [] for k in groups}
@@ -68,7 +68,6 @@ def main() -> None:
             if comm.rank == 0:
                 print(f"{format_size(nbytes):>6} {name:<15} {us['ringmpi']:>10.1f} "
                       f"{us['gloo']:>10.1f} {us['ringmpi'] / us['gloo']:>6.2f}")  # fmt: skip
-        nbytes *= 8
     dist.destroy_process_group()
 
 

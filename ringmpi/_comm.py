@@ -23,6 +23,8 @@ from .kernels import Reduction, decode_tag
 from .plans import Plan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._engine import _Engine
     from ._progress import Progress
     from .algorithms.registry import Algorithm
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Context", "check_comm", "complete", "context", "disagreement", "library_allreduce", "made",
-    "not_running", "polled", "ready", "running", "sleepy_barrier", "timed_out",
+    "not_running", "polled", "ready", "running", "sleepy_barrier", "timed_out", "waited",
 ]  # fmt: skip
 
 # Ranks per core from which waiting ranks poll and yield instead of spinning in MPI
@@ -238,17 +240,26 @@ def complete(req: MPI.Request, ctx: Context, timeout: float, where: str, waiting
     ``timeout`` seconds (0: wait as long as it takes)."""
     if not timeout:
         req.Wait()
-        return
+    elif not waited(req.Test, timeout, ctx.sleepy):
+        raise timed_out(ctx, timeout, where, waiting_for)
+
+
+def waited(done: Callable[[], bool], timeout: float, sleepy: bool = False) -> bool:
+    """Whether ``done()`` (a request's Test: each call progresses MPI's nonblocking
+    operations) comes true within ``timeout`` seconds. It is called as often as a
+    blocking wait polls for the first second, yielding the core from the first
+    millisecond on; then (a rank that is late, not a long operation) every 0.5 ms,
+    and so from the start where ranks share cores (``sleepy``)."""
     start = time.monotonic()
-    pause = 0.0
-    while not req.Test():
-        if time.monotonic() - start > timeout:
-            raise timed_out(ctx, timeout, where, waiting_for)
-        if ctx.sleepy or pause:
-            time.sleep(pause or 0.0005)
-        # Spin for the first millisecond, then poll every 0.5 ms.
-        elif time.monotonic() - start > 1e-3:
-            pause = 0.0005
+    while not done():
+        took = time.monotonic() - start
+        if took > timeout:
+            return False
+        if sleepy or took > 1.0:
+            time.sleep(0.0005)
+        elif took > 1e-3:
+            time.sleep(0)
+    return True
 
 
 def library_allreduce(ctx: Context, send, recv: np.ndarray, op: MPI.Op, timeout: float,
@@ -273,14 +284,9 @@ def _arrive(comm: MPI.Intracomm, timeout: float) -> None:
 
 
 def polled(req: MPI.Request, timeout: float) -> bool:
-    """Poll ``req`` every 0.5 ms until it completes (True) or ``timeout`` seconds pass
-    (False), for a wait that has no context to break off."""
-    start = time.monotonic()
-    while not req.Test():
-        if time.monotonic() - start > timeout:
-            return False
-        time.sleep(0.0005)
-    return True
+    """Whether ``req`` completes within ``timeout`` seconds (:func:`waited`), for a wait
+    that has no context to break off."""
+    return waited(req.Test, timeout)
 
 
 def ready(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:

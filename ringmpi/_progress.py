@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import os
 import threading
 import warnings
@@ -421,6 +422,12 @@ def mode(ctx) -> str:
     return "wait" if _MPIX.usable() else "library"
 
 
+@functools.cache
+def _cores() -> tuple[int, int]:
+    """This process's cores and the machine's, read once (each call's mode asks)."""
+    return own_cores(), os.cpu_count() or 1
+
+
 def own_cores() -> int:
     """The cores this process may run on: its affinity (the machine's cores where that
     is not known)."""
@@ -433,8 +440,7 @@ def own_cores() -> int:
 def spare_core(ctx) -> bool:
     """Whether this rank has a core for a progress thread: two cores of its own where
     it is bound to some, else twice as many cores on the node as ranks."""
-    mine = own_cores()
-    node = os.cpu_count() or 1
+    mine, node = _cores()
     return (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size())
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import datetime
 import struct
-import time
 import weakref
 import zlib
 from typing import Any, cast
@@ -35,8 +34,8 @@ import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed import ReduceOp
 
-from . import _api, _halves
-from ._comm import context
+from . import _api, _halves, _progress
+from ._comm import context, waited
 from ._errors import RingMPIError
 from .kernels import AVG, as_dtype
 
@@ -44,19 +43,21 @@ __all__ = ["BACKEND", "group_comm"]
 
 BACKEND = "ringmpi"
 
-# torch's reduction -> the MPI op ringmpi takes (AVG: ringmpi's own)
-_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: AVG, ReduceOp.PRODUCT: MPI.PROD,
-        ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND,
-        ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}  # fmt: skip
+# torch's reduction (its number) -> the MPI op ringmpi takes (AVG: ringmpi's own)
+_OPS = {int(k): v for k, v in {
+    ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: AVG, ReduceOp.PRODUCT: MPI.PROD,
+    ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND,
+    ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}.items()}  # fmt: skip
 
 
 _HALF = (torch.float16, torch.bfloat16)
 _HALF_OPS = (MPI.SUM, MPI.MAX, MPI.MIN, AVG)  # what ringmpi reduces the half types with
 # bool as bytes of 0 and 1 (torch's sum and max of bools are their or, product and min
 # their and)
-_BOOL_OPS = {ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.BOR: MPI.MAX,
-             ReduceOp.PRODUCT: MPI.MIN, ReduceOp.MIN: MPI.MIN, ReduceOp.BAND: MPI.MIN,
-             ReduceOp.BXOR: MPI.BXOR}  # fmt: skip
+_BOOL_OPS = {int(k): v for k, v in {
+    ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.BOR: MPI.MAX,
+    ReduceOp.PRODUCT: MPI.MIN, ReduceOp.MIN: MPI.MIN, ReduceOp.BAND: MPI.MIN,
+    ReduceOp.BXOR: MPI.BXOR}.items()}  # fmt: skip
 
 
 # What the check before each collective compares across the group's ranks (one row of
@@ -82,7 +83,7 @@ def _describe(row: tuple[int, ...]) -> str:
 
 def _op(opts: Any, ops: dict = _OPS) -> Any:
     op = opts.reduceOp
-    found = ops.get(op if isinstance(op, ReduceOp.RedOpType) else op.op)
+    found = ops.get(int(op if isinstance(op, ReduceOp.RedOpType) else op.op))
     if found is None:
         raise ValueError(f"the ringmpi backend does not reduce with {op}")
     return found
@@ -244,16 +245,8 @@ class _Group(_ProcessGroup):
     # --- through ringmpi ---------------------------------------------------------------
 
     def _waited(self, done: Any) -> bool:
-        """Whether ``done()`` came true within the group's timeout (polled: at once, then
-        every 0.2 ms from 1 ms on)."""
-        start = time.monotonic()
-        while not done():
-            waited = time.monotonic() - start
-            if waited > self.timeout > 0:
-                return False
-            if waited > 1e-3:
-                time.sleep(0.0002)
-        return True
+        """Whether ``done()`` came true within the group's timeout."""
+        return waited(done, self.timeout) if self.timeout > 0 else waited(done, float("inf"))
 
     def _late(self, what: str, ranks: list[int]) -> str:
         return (f"rank {self.rank()}: {what}: waited {self.timeout:g} s for rank"
@@ -287,6 +280,10 @@ class _Group(_ProcessGroup):
     def _started(self, tensors: list[torch.Tensor], op: Any) -> Any:
         """The all-reduce of one contiguous tensor, on ringmpi's progress thread where a
         rank has a spare core (its Work done when the thread is), else at once."""
+        if not _progress.threaded(context(self.comm)):  # at once: from the repeat path
+            _api.Allreduce(MPI.IN_PLACE, self._view(tensors[0]), op, self.comm,
+                           timeout=self.timeout)  # fmt: skip
+            return _done(tensors)
         future: torch.futures.Future[Any] = torch.futures.Future()
 
         def then(error: BaseException | None) -> None:

@@ -163,6 +163,8 @@ SKIPPED: dict[str, str] = {
     "mpirun -n 2 python examples/ddp_cpu.py --width 1024 --steps 30": "needs PyTorch",
     "mpirun -n 2 python examples/ddp_cpu.py --width 2048 --steps 30": "needs PyTorch",
     "mpirun -n 2 python examples/torch_collectives.py": "needs PyTorch",
+    "mpirun -n 2 python examples/fsdp_cpu.py --width 1024 --steps 30": "needs PyTorch",
+    "mpirun -n 2 python examples/fsdp_cpu.py --width 2048 --steps 30": "needs PyTorch",
     # longer than a minute here (the same script runs with 9 rounds from the 16-core lines)
     "OMP_NUM_THREADS=1 mpirun -n 2 python examples/overlap.py --rounds 30": (
         "about 110 s at 2 ranks on 2 cores (30 rounds of NumPy work)"

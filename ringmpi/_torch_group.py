@@ -44,7 +44,7 @@ __all__ = ["BACKEND", "group_comm"]
 BACKEND = "ringmpi"
 
 # torch's reduction (its number) -> the MPI op ringmpi takes (AVG: ringmpi's own)
-_OPS = {int(k): v for k, v in {
+_OPS = {int(cast(Any, k)): v for k, v in {
     ReduceOp.SUM: MPI.SUM, ReduceOp.AVG: AVG, ReduceOp.PRODUCT: MPI.PROD,
     ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.BAND: MPI.BAND,
     ReduceOp.BOR: MPI.BOR, ReduceOp.BXOR: MPI.BXOR}.items()}  # fmt: skip
@@ -54,15 +54,16 @@ _HALF = (torch.float16, torch.bfloat16)
 _HALF_OPS = (MPI.SUM, MPI.MAX, MPI.MIN, AVG)  # what ringmpi reduces the half types with
 # bool as bytes of 0 and 1 (torch's sum and max of bools are their or, product and min
 # their and)
-_BOOL_OPS = {int(k): v for k, v in {
+_BOOL_OPS = {int(cast(Any, k)): v for k, v in {
     ReduceOp.SUM: MPI.MAX, ReduceOp.MAX: MPI.MAX, ReduceOp.BOR: MPI.MAX,
     ReduceOp.PRODUCT: MPI.MIN, ReduceOp.MIN: MPI.MIN, ReduceOp.BAND: MPI.MIN,
     ReduceOp.BXOR: MPI.BXOR}.items()}  # fmt: skip
 
 
-# What the check before each collective compares across the group's ranks (one row of
-# int64s a rank, _ROW): the call, its first tensor's dtype, the elements of all its tensors, a
-# digest of every tensor's dtype and size, and the root.
+# What the check before each collective compares across the group's ranks, one _ROW a
+# rank: the call, its first tensor's dtype, the elements of all its tensors, a digest of
+# every tensor's dtype and size, and the root.
+_ROW = struct.Struct("5q")
 _CALLS = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor",
           "reduce_scatter_tensor", "all_gather", "reduce_scatter", "broadcast", "barrier",
           "reduce", "gather", "scatter", "all_to_all_single", "all_to_all")  # fmt: skip
@@ -70,9 +71,6 @@ _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.in
            torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
            torch.complex128)  # fmt: skip
 _CHECK_TAG = 1
-
-
-_ROW = struct.Struct("5q")
 
 
 def _describe(row: tuple[int, ...]) -> str:
@@ -83,7 +81,7 @@ def _describe(row: tuple[int, ...]) -> str:
 
 def _op(opts: Any, ops: dict = _OPS) -> Any:
     op = opts.reduceOp
-    found = ops.get(int(op if isinstance(op, ReduceOp.RedOpType) else op.op))
+    found = ops.get(int(cast(Any, op if isinstance(op, ReduceOp.RedOpType) else op.op)))
     if found is None:
         raise ValueError(f"the ringmpi backend does not reduce with {op}")
     return found
@@ -224,6 +222,15 @@ class _Group(_ProcessGroup):
                              for k, rs in kinds.items())  # fmt: skip
         raise ValueError(f"the ringmpi backend: the group's ranks disagree on {call}: {said}")
 
+    def _waited(self, done: Any) -> bool:
+        """Whether ``done()`` came true within the group's timeout."""
+        return waited(done, self.timeout) if self.timeout > 0 else waited(done, float("inf"))
+
+    def _late(self, what: str, ranks: list[int]) -> str:
+        return (f"rank {self.rank()}: {what}: waited {self.timeout:g} s for rank"
+                f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} without "
+                "progress (timeout: the group's)")  # fmt: skip
+
     def getBackendName(self) -> str:
         return BACKEND
 
@@ -243,15 +250,6 @@ class _Group(_ProcessGroup):
         return self._desc
 
     # --- through ringmpi ---------------------------------------------------------------
-
-    def _waited(self, done: Any) -> bool:
-        """Whether ``done()`` came true within the group's timeout."""
-        return waited(done, self.timeout) if self.timeout > 0 else waited(done, float("inf"))
-
-    def _late(self, what: str, ranks: list[int]) -> str:
-        return (f"rank {self.rank()}: {what}: waited {self.timeout:g} s for rank"
-                f"{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} without "
-                "progress (timeout: the group's)")  # fmt: skip
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _op(opts)

@@ -223,6 +223,33 @@ def test_hung_rank_ends_the_job(work):
     assert ended - fault_at < 30, out
 
 
+TORCH_JOB = """#!/bin/bash
+#SBATCH --job-name=torch-backend
+srun --mpi=pmi2 --kill-on-bad-exit=1 "$PYTHON" -c '
+import torch, torch.distributed as dist, ringmpi.torch
+from mpi4py import MPI
+ringmpi.torch.init_process_group(backend="ringmpi")
+x = torch.full((3,), float(dist.get_rank() + 1))
+dist.all_reduce(x)
+print("rank", MPI.COMM_WORLD.rank, "of", dist.get_world_size(), dist.get_backend(), x.tolist())
+dist.destroy_process_group()'
+"""
+
+
+@slurm
+def test_the_torch_backend_under_srun(work):
+    """torch.distributed on the ringmpi backend in a job whose ranks srun starts
+    (PMI-2): torch's rank is MPI's, and the all-reduce is every rank's sum."""
+    if subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode:
+        pytest.skip("no PyTorch in this venv (make test-torch installs it)")
+    script = work / "torch.sbatch"
+    script.write_text(TORCH_JOB)
+    _, state, out = submit(work, "--ntasks=3", str(script), env=_env(work))
+    assert state == "COMPLETED 0:0", out
+    for rank in range(3):
+        assert f"rank {rank} of 3 ringmpi [6.0, 6.0, 6.0]" in out, out
+
+
 @slurm
 def test_report_merges_the_jobs(work, tmp_path):
     if not RESULTS:

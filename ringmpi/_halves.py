@@ -322,6 +322,8 @@ def _to_library(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.
     buf = recvbuf if sendbuf is None or sendbuf is _IN_PLACE else sendbuf
     if type(buf) is not np.ndarray or op is AVG:
         return False
+    if name != "Allgather" and (buf.dtype.kind == "V" or buf.dtype == np.float16):
+        return False  # the 16-bit floats: the library has no bfloat16, nor float16 everywhere
     if buf.nbytes >= RING_FROM_BYTES and (
         _settled.get(_settle_key(comm, name, buf.nbytes, op, buf.dtype), _ALLGATHER) is not comm
     ):

@@ -307,16 +307,16 @@ class _Group(_ProcessGroup):
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._agree("all_reduce_coalesced", tensors)
-        return self._allreduce_coalesced(tensors, _op(opts))
+        return self._allreduce_coalesced(tensors, _op(opts), opts)
 
-    def _allreduce_coalesced(self, tensors: list[torch.Tensor], op: Any) -> Any:
+    def _allreduce_coalesced(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Any:
         kinds = {t.dtype for t in tensors}
         if len(kinds) != 1:  # one flat buffer a dtype
             for kind in kinds:
-                self._allreduce_coalesced([t for t in tensors if t.dtype == kind], op)
+                self._allreduce_coalesced([t for t in tensors if t.dtype == kind], op, opts)
             return _done(tensors)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        _api.Allreduce(MPI.IN_PLACE, _array(flat), op, self.comm, timeout=self.timeout)
+        self._allreduce([flat], op, opts).wait()
         at = 0
         for t in tensors:
             t.copy_(flat[at : at + t.numel()].view_as(t))
@@ -330,22 +330,33 @@ class _Group(_ProcessGroup):
 
     def _all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Any:
         with _Contiguous(output) as out, _Contiguous(input) as inp:
-            send: Any = inp
+            send: Any = _bytes(inp)  # bytes move (the library's call takes no bfloat16)
             at = inp.ctypes.data - out.ctypes.data  # FSDP gathers into its own block
             if 0 <= at < out.nbytes or 0 <= -at < inp.nbytes:  # the two overlap
-                send = MPI.IN_PLACE if at == self.rank() * inp.nbytes else inp.copy()
-            _halves.Allgather(send, out, self.comm, timeout=self.timeout)
+                send = MPI.IN_PLACE if at == self.rank() * inp.nbytes else send.copy()
+            _halves.Allgather(send, _bytes(out), self.comm, timeout=self.timeout)
         return _done(output)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> Any:  # fmt: skip
+        _op(opts)  # (a bad op raises before any message)
         self._agree("reduce_scatter_tensor", [input, output])
-        return self._reduce_scatter_single(output, input, _op(opts))
+        return self._reduce_scatter_single(output, input, opts)
 
     def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                               op: Any) -> Any:  # fmt: skip
+                               opts: Any) -> Any:  # fmt: skip
+        op = _op(opts)
+        if input.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
+            wide = output.to(torch.float32)
+            self._reduce_scatter_single(wide, input.to(torch.float32), opts)
+            output.copy_(wide)
+            return _done(output)
+        if input.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
+            op = _op(opts, _BOOL_OPS)
         with _Contiguous(output) as out, _Contiguous(input) as inp:
-            _halves.Reduce_scatter_block(inp, out, op, self.comm, timeout=self.timeout)
+            _halves.Reduce_scatter_block(_bytes(inp) if input.dtype == torch.bool else inp,
+                                         _bytes(out) if input.dtype == torch.bool else out,
+                                         op, self.comm, timeout=self.timeout)  # fmt: skip
         return _done(output)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
@@ -361,9 +372,10 @@ class _Group(_ProcessGroup):
                                         inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:  # fmt: skip
         """torch's functional reduce-scatter."""
+        _op(opts)
         self._agree("reduce_scatter_tensor", [*inputs, *outputs])
         for output, input in zip(outputs, inputs, strict=True):
-            self._reduce_scatter_single(output, input, _op(opts))
+            self._reduce_scatter_single(output, input, opts)
         return _done(outputs)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -378,11 +390,11 @@ class _Group(_ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
                        opts: Any = None) -> Any:  # fmt: skip
-        op = _op(opts)
+        _op(opts)
         self._agree("reduce_scatter", [*outputs, *(t for parts in inputs for t in parts)])
         for out, parts in zip(outputs, inputs, strict=True):
             self._reduce_scatter_single(out, torch.stack([p.reshape(out.shape) for p in parts]),
-                                        op)  # fmt: skip
+                                        opts)  # fmt: skip
         return _done(outputs)
 
     # --- through the MPI library ---------------------------------------------------------

@@ -198,13 +198,14 @@ def test_shared_memory_stores_and_loads_the_closed_form():
     agree(WORLD, problems)
 
 
+@pytest.mark.parametrize("k", [3, 300_000])  # a small block (auto: not the library's), pieces
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("op", [MPI.SUM, ringmpi.AVG, MPI.MAX])
-def test_half_types_reduce_scatter_through_shared_memory(dtype, op):
+def test_half_types_reduce_scatter_through_shared_memory(dtype, op, k):
     """Every contribution widened and folded at once, rounded once: exact on small
     integers (AVG: of their float32 mean); auto takes this way on one node."""
     dt = as_dtype(dtype)
-    k, problems = 300_000, []  # several pieces
+    problems: list[str] = []
     x = ((np.arange(k * SIZE) % 13) + RANK).astype(np.float32)
     exact = [(np.arange(k * SIZE) % 13).astype(np.float32) + r for r in range(SIZE)]
     want32 = (sum(exact) / SIZE if op is ringmpi.AVG else

@@ -30,7 +30,7 @@ WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 R = dist.ReduceOp
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.uint8,
-          torch.int32, torch.int64, torch.bool]  # fmt: skip
+          torch.int16, torch.int32, torch.int64, torch.bool]  # fmt: skip
 OPS = [R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR]
 
 
@@ -90,6 +90,97 @@ def test_all_reduce_is_exact_and_gloos_bits(gloo, op, dtype):
     if theirs is not None and not torch.equal(ours, theirs):
         problems.append(f"{ours.tolist()} is not Gloo's {theirs.tolist()}")
     agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS, ids=str)
+def test_the_reducing_collectives_are_exact_and_gloos_bits(gloo, op, dtype):
+    if not _applies(op, dtype):
+        pytest.skip(f"torch does not define {op} for {dtype}")
+    problems = []
+    exact, mine = _exact(op, dtype), _input(RANK, dtype)
+    for group in (None, gloo):
+        who = "Gloo's" if group is gloo else "ours"
+        calls = {
+            "reduce_scatter_tensor": lambda g: _scattered(op, dtype, g),
+            "reduce": lambda g: _reduced(op, mine.clone(), g),
+            "all_reduce_coalesced": lambda g: _coalesced(op, mine, g),
+        }  # fmt: skip
+        for name, call in calls.items():
+            try:
+                got = call(group)
+            except (RuntimeError, ValueError) as e:
+                if group is gloo:
+                    continue  # Gloo does not reduce so
+                raise AssertionError(f"{name}: {e}") from e
+            if got is not None and not torch.equal(got, exact):
+                problems.append(f"{who} {name}: {got.tolist()} is not {exact.tolist()}")
+    agree(WORLD, problems)
+
+
+def _scattered(op, dtype, group):
+    out = torch.empty(13, dtype=dtype)
+    dist.reduce_scatter_tensor(out, torch.cat([_input(RANK, dtype)] * SIZE), op, group=group)
+    return out
+
+
+def _reduced(op, x, group):
+    dist.reduce(x, 0, op, group=group)
+    return x if RANK == 0 else None
+
+
+def _coalesced(op, x, group):
+    pair = [x.clone(), x.clone().reshape(13, 1)]
+    dist.all_reduce_coalesced(pair, op, group=group)
+    if not torch.equal(pair[0], pair[1].reshape(-1)):
+        return pair[1].reshape(-1)  # differs: reported as not exact
+    return pair[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_copying_collectives_move_every_dtype_as_gloo_does(gloo, dtype):
+    problems = []
+    x = _input(RANK, dtype)
+    every = torch.stack([_input(r, dtype) for r in range(SIZE)])
+    want = {
+        "all_gather_into_tensor": every.reshape(-1),
+        "all_gather": every.reshape(-1),
+        "broadcast": every[SIZE - 1],
+        "all_to_all_single": torch.stack([_input(k + RANK, dtype) for k in range(SIZE)]),
+    }
+    for group in (None, gloo):
+        who = "Gloo's" if group is gloo else "ours"
+        for name, expected in want.items():
+            try:
+                got = _copied(name, x, group)
+            except (RuntimeError, ValueError) as e:
+                if group is gloo:
+                    continue  # Gloo does not move this dtype so
+                raise AssertionError(f"{name}: {e}") from e
+            if not torch.equal(got, expected):
+                problems.append(f"{who} {name}: {got.tolist()} is not {expected.tolist()}")
+    agree(WORLD, problems)
+
+
+def _copied(name, x, group):
+    """Collective ``name`` of ``x`` (this rank's 13 elements) on ``group``."""
+    if name == "all_gather_into_tensor":
+        out = torch.empty(SIZE * 13, dtype=x.dtype)
+        dist.all_gather_into_tensor(out, x, group=group)
+        return out
+    if name == "all_gather":
+        parts = [torch.empty(13, dtype=x.dtype) for _ in range(SIZE)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts)
+    if name == "broadcast":
+        y = x.clone() if RANK == SIZE - 1 else torch.zeros_like(x)
+        dist.broadcast(y, SIZE - 1, group=group)
+        return y
+    # all_to_all_single: row k to rank k, so rank k's row RANK is _input(k + RANK)
+    out = torch.empty(SIZE, 13, dtype=x.dtype)
+    inp = torch.stack([_input(RANK + k, x.dtype) for k in range(SIZE)])
+    dist.all_to_all_single(out, inp, group=group)
+    return out
 
 
 def test_the_other_collectives_are_exact_and_gloos(gloo):

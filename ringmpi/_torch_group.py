@@ -16,7 +16,9 @@ An all-reduce of one contiguous tensor (what DDP's buckets are) runs on
 ringmpi's progress thread where the rank has a spare core, its ``Work`` done
 when the thread is; every other call completes before it returns, its
 ``Work`` done. Either way ``wait()`` and ``get_future()`` behave as Gloo's.
-Tensors that are not contiguous go through a contiguous copy.
+Tensors that are not contiguous go through a contiguous copy. Before any
+data moves, every collective checks that the group's ranks agree on the call,
+its tensors' dtypes and sizes and its root (_Group._agree).
 """
 
 from __future__ import annotations

@@ -181,7 +181,20 @@ class _Group(_ProcessGroup):
         ]
         self._reqs += [check.Send_init([self._mine, MPI.BYTE], p, _CHECK_TAG)
                        for p in self._peers]  # fmt: skip
+        self._check_comm = check
         self._broken = ""
+
+    def shutdown(self) -> None:
+        """torch's destroy_process_group (every member calls it, after the group's
+        pending Works): the check's requests and both communicators freed, ringmpi's
+        state for the group with them."""
+        if self._broken.startswith("destroyed") or not _api_running():
+            return
+        self._broken = "destroyed: the group's communicator is freed"
+        for req in self._reqs:
+            req.Free()
+        self._check_comm.Free()
+        self.comm.Free()
 
     def _agree(self, call: str, tensors: list[torch.Tensor], root: int = -1) -> None:
         """Before a collective moves any data: every rank of the group makes the same
@@ -515,6 +528,10 @@ class _Group(_ProcessGroup):
         if not self._waited(arrived):
             raise RingMPIError(self._late(f"recv from rank {src}", [src]))
         return cast(MPI.Message, found[0])
+
+
+def _api_running() -> bool:
+    return MPI.Is_initialized() and not MPI.Is_finalized()
 
 
 def _starts(counts: list[int]) -> list[int]:

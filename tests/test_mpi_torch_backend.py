@@ -488,3 +488,14 @@ def test_a_message_of_another_size_raises_on_its_receiver(gloo):
                                              r"bytes\) from rank 0, which sent 16 bytes"):  # fmt: skip
             dist.recv(torch.empty(5), 0)
     WORLD.Barrier()
+
+
+def test_a_destroyed_group_frees_its_communicators(gloo):
+    for _ in range(3):
+        sub = dist.new_group(list(range(SIZE)))
+        x = torch.ones(1 << 16)
+        dist.all_reduce(x, group=sub)
+        assert torch.equal(x, torch.full((1 << 16,), float(SIZE)))
+        mine = sub  # the group object is ours: torch hands it back
+        dist.destroy_process_group(sub)
+        assert mine.comm == MPI.COMM_NULL and mine._check_comm == MPI.COMM_NULL

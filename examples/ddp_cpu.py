@@ -48,6 +48,21 @@ def step(ddp: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.T
     opt.step()
 
 
+def take_turns(runs: dict[str, nn.Module], width: int, steps: int,
+               comm: MPI.Intracomm) -> dict[str, list[float]]:  # fmt: skip
+    """``steps`` SGD steps of each model in ``runs`` on this rank's batches, the models'
+    steps in turn; each step's time, the slowest rank's."""
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in runs.items()}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for i, (x, y) in enumerate(batches(width, steps, comm.rank)):
+        for name in sorted(runs, reverse=i % 2 == 1):  # take turns
+            comm.Barrier()
+            t0 = time.perf_counter()
+            step(runs[name], opts[name], x, y)
+            times[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=int, default=1024)
@@ -62,14 +77,7 @@ def main() -> None:
         model(args.width), process_group=torch.distributed.new_group(backend="ringmpi")
     )
     runs = {"gloo": gloo, "hook": hooked, "backend": backend}
-    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in runs.items()}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for i, (x, y) in enumerate(batches(args.width, args.steps, comm.rank)):
-        for name in sorted(runs, reverse=i % 2 == 1):  # take turns
-            comm.Barrier()
-            t0 = time.perf_counter()
-            step(runs[name], opts[name], x, y)
-            times[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    times = take_turns(runs, args.width, args.steps, comm)
     params = sum(p.numel() for p in gloo.parameters())
     diff, same = {}, {}
     for name in ("hook", "backend"):

@@ -18,12 +18,11 @@ on Gloo.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from ddp_cpu import batches, model, step
+from ddp_cpu import model, take_turns
 from mpi4py import MPI
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -69,14 +68,7 @@ def main() -> None:
     runs = {f"{kind} {g}": make(args.width, group)
             for kind, make in (("fsdp2", fsdp2), ("fsdp1", fsdp1))
             for g, group in groups.items()}  # fmt: skip
-    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in runs.items()}
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for i, (x, y) in enumerate(batches(args.width, args.steps, comm.rank)):
-        for name in sorted(runs, reverse=i % 2 == 1):  # take turns
-            comm.Barrier()
-            t0 = time.perf_counter()
-            step(runs[name], opts[name], x, y)
-            times[name].append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    times = take_turns(runs, args.width, args.steps, comm)
     final = {k: weights(k, m) for k, m in runs.items()}
     params = sum(p.numel() for p in final["fsdp2 gloo"])
     if comm.rank == 0:

@@ -37,7 +37,7 @@ from mpi4py import MPI
 from torch.distributed import ReduceOp
 
 from . import _api, _halves, _progress
-from ._comm import context, waited
+from ._comm import context, running, waited
 from ._errors import RingMPIError
 from .kernels import AVG, as_dtype
 
@@ -79,6 +79,16 @@ def _describe(row: tuple[int, ...]) -> str:
     call, kind, count, _, root = row
     what = f"{_CALLS[call]} of {count} {_DTYPES[kind] if kind < len(_DTYPES) else '?'} elements"
     return what + (f", root {root}" if root >= 0 else "")
+
+
+def _how(dtype: torch.dtype, opts: Any) -> tuple[Any, bool]:
+    """The MPI op ringmpi reduces ``dtype`` with, and whether the tensor goes through
+    float32 first (an op ringmpi has no 16-bit path for: rounded once). bool reduces as
+    bytes of 0 and 1 (or, and, xor)."""
+    if dtype == torch.bool:
+        return _op(opts, _BOOL_OPS), False
+    op = _op(opts)
+    return op, dtype in _HALF and op not in _HALF_OPS
 
 
 def _op(opts: Any, ops: dict = _OPS) -> Any:
@@ -188,7 +198,7 @@ class _Group(_ProcessGroup):
         """torch's destroy_process_group (every member calls it, after the group's
         pending Works): the check's requests and both communicators freed, ringmpi's
         state for the group with them."""
-        if self._broken.startswith("destroyed") or not _api_running():
+        if self.comm == MPI.COMM_NULL or not running():
             return
         self._broken = "destroyed: the group's communicator is freed"
         for req in self._reqs:
@@ -207,13 +217,11 @@ class _Group(_ProcessGroup):
             raise RingMPIError(self._broken)
         n, me = self.size(), self.rank()
         kind = tensors[0].dtype if tensors else torch.uint8
-        many = len(tensors) > 1
+        digest = zlib.crc32(repr([(t.dtype, t.numel()) for t in tensors]).encode()) \
+            if len(tensors) > 1 else 0  # fmt: skip
         _ROW.pack_into(self._mine, 0, _CALLS.index(call),
                        _DTYPES.index(kind) if kind in _DTYPES else len(_DTYPES),
-                       sum(t.numel() for t in tensors) if many else
-                       tensors[0].numel() if tensors else 0,
-                       zlib.crc32(repr([(t.dtype, t.numel()) for t in tensors]).encode())
-                       if many else 0, root)  # fmt: skip
+                       sum(t.numel() for t in tensors), digest, root)  # fmt: skip
         if n == 1:
             return
         rows, mine, reqs = self._rows, self._mine, self._reqs
@@ -239,7 +247,7 @@ class _Group(_ProcessGroup):
 
     def _waited(self, done: Any) -> bool:
         """Whether ``done()`` came true within the group's timeout."""
-        return waited(done, self.timeout) if self.timeout > 0 else waited(done, float("inf"))
+        return waited(done, self.timeout or float("inf"))
 
     def _late(self, what: str, ranks: list[int]) -> str:
         return (f"rank {self.rank()}: {what}: waited {self.timeout:g} s for rank"
@@ -267,27 +275,23 @@ class _Group(_ProcessGroup):
     # --- through ringmpi ---------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        op = _op(opts)
+        _op(opts)  # (a bad op raises before any message)
         self._agree("all_reduce", tensors)
-        return self._allreduce(tensors, op, opts)
+        return self._allreduce(tensors, opts)
 
-    def _allreduce(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Any:
-        if (len(tensors) == 1 and tensors[0].is_contiguous() and tensors[0].dtype != torch.bool
-                and (tensors[0].dtype not in _HALF or op in _HALF_OPS)):  # fmt: skip
-            return self._started(tensors, op)
+    def _allreduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         for tensor in tensors:
-            if tensor.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
-                with _Contiguous(tensor) as a:
-                    _api.Allreduce(MPI.IN_PLACE, a.view(np.uint8), _op(opts, _BOOL_OPS),
-                                   self.comm, timeout=self.timeout)  # fmt: skip
-                continue
-            if tensor.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
+            op, widen = _how(tensor.dtype, opts)
+            if widen:
                 wide = tensor.to(torch.float32)
-                self._allreduce([wide], op, opts).wait()
+                self._allreduce([wide], opts).wait()
                 tensor.copy_(wide)
-                continue
-            with _Contiguous(tensor) as a:
-                _api.Allreduce(MPI.IN_PLACE, a, op, self.comm, timeout=self.timeout)
+            elif len(tensors) == 1 and tensor.is_contiguous() and tensor.dtype != torch.bool:
+                return self._started(tensors, op)
+            else:
+                with _Contiguous(tensor) as a:
+                    _api.Allreduce(MPI.IN_PLACE, _bytes(a) if tensor.dtype == torch.bool else a,
+                                   op, self.comm, timeout=self.timeout)  # fmt: skip
         return _done(tensors)
 
     def _started(self, tensors: list[torch.Tensor], op: Any) -> Any:
@@ -321,17 +325,18 @@ class _Group(_ProcessGroup):
         return found[2]
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        _op(opts)
         self._agree("all_reduce_coalesced", tensors)
-        return self._allreduce_coalesced(tensors, _op(opts), opts)
+        return self._allreduce_coalesced(tensors, opts)
 
-    def _allreduce_coalesced(self, tensors: list[torch.Tensor], op: Any, opts: Any) -> Any:
+    def _allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         kinds = {t.dtype for t in tensors}
         if len(kinds) != 1:  # one flat buffer a dtype
             for kind in kinds:
-                self._allreduce_coalesced([t for t in tensors if t.dtype == kind], op, opts)
+                self._allreduce_coalesced([t for t in tensors if t.dtype == kind], opts)
             return _done(tensors)
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        self._allreduce([flat], op, opts).wait()
+        self._allreduce([flat], opts).wait()
         at = 0
         for t in tensors:
             t.copy_(flat[at : at + t.numel()].view_as(t))
@@ -360,12 +365,16 @@ class _Group(_ProcessGroup):
 
     def _reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                                opts: Any) -> Any:  # fmt: skip
-        op = _op(opts)
-        if input.dtype in _HALF and op not in _HALF_OPS:  # widened, rounded once
+        op, widen = _how(input.dtype, opts)
+        if widen:
             wide = output.to(torch.float32)
             self._reduce_scatter_single(wide, input.to(torch.float32), opts)
             output.copy_(wide)
             return _done(output)
+        raw = _bytes if input.dtype == torch.bool else (lambda a: a)
+        with _Contiguous(output) as out, _Contiguous(input) as inp:
+            _halves.Reduce_scatter_block(raw(inp), raw(out), op, self.comm, timeout=self.timeout)
+        return _done(output)
         if input.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
             op = _op(opts, _BOOL_OPS)
         with _Contiguous(output) as out, _Contiguous(input) as inp:
@@ -427,11 +436,12 @@ class _Group(_ProcessGroup):
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         # an all-reduce: ringmpi's, whose answer every rank has; the root keeps it
-        root, op = opts.rootRank, _op(opts)
+        root = opts.rootRank
+        _op(opts)
         self._agree("reduce", tensors, root)
         for tensor in tensors:
             kept = tensor.clone() if self.rank() != root else tensor
-            self._allreduce([kept], op, opts).wait()
+            self._allreduce([kept], opts).wait()
         return _done(tensors)
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -528,10 +538,6 @@ class _Group(_ProcessGroup):
         if not self._waited(arrived):
             raise RingMPIError(self._late(f"recv from rank {src}", [src]))
         return cast(MPI.Message, found[0])
-
-
-def _api_running() -> bool:
-    return MPI.Is_initialized() and not MPI.Is_finalized()
 
 
 def _starts(counts: list[int]) -> list[int]:

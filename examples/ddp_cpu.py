@@ -11,8 +11,11 @@ with DDP's default hook on the Gloo group, one with
 Their steps take turns; a step's time is the slowest rank's. Prints the
 median step time of each (after the first 3), the largest difference
 between the Gloo model's final weights and each other's, and whether each
-ringmpi model is bitwise the same on every rank. Torch CPU tensors also go
-straight into any ringmpi call (DLPack, no copy).
+ringmpi model is bitwise the same on every rank. What bounds the backend's
+step: a fourth copy takes the same steps without DDP (no communication), and
+the backend's all-reduce of a tensor the size of the gradients is timed
+(median of 10, slowest rank). Torch CPU tensors also go straight into any
+ringmpi call (DLPack, no copy).
 """
 
 from __future__ import annotations
@@ -63,22 +66,38 @@ def take_turns(runs: dict[str, nn.Module], width: int, steps: int,
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The examples' command line: --width, --steps."""
+    parser = argparse.ArgumentParser(description=doc.split("\n", maxsplit=1)[0])
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def all_reduce_ms(n: int, group: torch.distributed.ProcessGroup, comm: MPI.Intracomm) -> float:
+    """Median ms of 10 all-reduces (after 2) of ``n`` float32 on ``group``, slowest rank."""
+    x, times = torch.ones(n), []
+    for _ in range(12):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        torch.distributed.all_reduce(x, group=group)
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return float(np.median(times[2:])) * 1e3
+
+
+def main() -> None:
+    args = arguments(__doc__)
     comm = MPI.COMM_WORLD
     ringmpi.torch.init_process_group(comm)
     gloo = DistributedDataParallel(model(args.width))
     hooked = DistributedDataParallel(model(args.width))
     hooked.register_comm_hook(comm, ringmpi.torch.allreduce_hook)
-    backend = DistributedDataParallel(
-        model(args.width), process_group=torch.distributed.new_group(backend="ringmpi")
-    )
-    runs = {"gloo": gloo, "hook": hooked, "backend": backend}
+    group = torch.distributed.new_group(backend="ringmpi")
+    backend = DistributedDataParallel(model(args.width), process_group=group)
+    runs = {"gloo": gloo, "hook": hooked, "backend": backend, "local": model(args.width)}
     times = take_turns(runs, args.width, args.steps, comm)
     params = sum(p.numel() for p in gloo.parameters())
+    reduce_ms = all_reduce_ms(params, group, comm)
     diff, same = {}, {}
     for name in ("hook", "backend"):
         pairs = zip(gloo.parameters(), runs[name].parameters(), strict=True)
@@ -98,6 +117,10 @@ def main() -> None:
         for name in ("hook", "backend"):
             print(f"{name}: largest weight difference from gloo's {diff[name]:.3g}; "
                   f"the same on every rank: {same[name]}")  # fmt: skip
+        floor = ms["local"] + reduce_ms
+        print(f"no communication: step {ms['local']:.2f} ms; the backend's all-reduce of the "
+              f"gradients {reduce_ms:.2f} ms; their sum {floor:.2f} ms "
+              f"({floor / ms['gloo']:.2f}x gloo's step)")  # fmt: skip
     torch.distributed.destroy_process_group()
 
 

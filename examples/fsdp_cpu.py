@@ -17,12 +17,10 @@ on Gloo.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
 import torch.distributed as dist
-from ddp_cpu import model, take_turns
+from ddp_cpu import arguments, model, take_turns
 from mpi4py import MPI
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -58,10 +56,7 @@ def weights(name: str, net: nn.Module) -> list[torch.Tensor]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=30)
-    args = parser.parse_args()
+    args = arguments(__doc__)
     comm = MPI.COMM_WORLD
     ringmpi.torch.init_process_group(comm)  # the default group: Gloo
     groups = {"gloo": dist.group.WORLD, "ringmpi": dist.new_group(backend="ringmpi")}

@@ -9,7 +9,9 @@ broadcast), the default group on the ``ringmpi`` backend and a Gloo group
 barrier (the first two of each untimed); each prints the median of the
 slowest rank's times in µs and ringmpi's over Gloo's. The size is the
 tensor each rank passes: all_reduce's and broadcast's, the gathered
-output's, the scattered input's.
+output's, the scattered input's. Then, back to back (no barrier between
+calls): an all_reduce of 8 B and a barrier on each group, --loop calls in a
+row, five rounds; the median µs a call (rank 0's).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max", type=parse_size, default=64 << 20, help="largest size (64M)")
     parser.add_argument("--calls", type=int, default=20, help="calls of each (20)")
+    parser.add_argument("--loop", type=int, default=2000, help="back-to-back calls (2000)")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     ringmpi.torch.init_process_group(comm, backend="ringmpi")
@@ -68,6 +71,23 @@ def main() -> None:
             if comm.rank == 0:
                 print(f"{format_size(nbytes):>6} {name:<15} {us['ringmpi']:>10.1f} "
                       f"{us['gloo']:>10.1f} {us['ringmpi'] / us['gloo']:>6.2f}")  # fmt: skip
+    tiny = torch.ones(2)
+    loops = {"all_reduce 8 B": lambda g: dist.all_reduce(tiny, group=g),
+             "barrier": lambda g: dist.barrier(group=g)}  # fmt: skip
+    for name, call in loops.items():
+        us = {}
+        for k, g in groups.items():
+            rounds = []
+            for _ in range(5):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(args.loop):
+                    call(g)
+                rounds.append((time.perf_counter() - t0) / args.loop)
+            us[k] = float(np.median(rounds)) * 1e6
+        if comm.rank == 0:
+            print(f"back to back, {name}: ringmpi {us['ringmpi']:.1f} µs, gloo "
+                  f"{us['gloo']:.1f} µs a call")  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "Allreduce",
     "Allreduce_init",
     "Comm",
+    "CompileWarning",
     "Iallgather",
     "Iallreduce",
     "Ireduce_scatter",
@@ -63,6 +64,7 @@ _WHERE = {
     "Allreduce": "_api",
     "Allreduce_init": "_requests",
     "Comm": "_wrapper",
+    "CompileWarning": "_numba_cache",
     "Iallgather": "_requests",
     "Iallreduce": "_requests",
     "Ireduce_scatter": "_requests",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:
     from ._api import Allreduce, allreduce, configure, configured, warm
     from ._errors import RingMPIError, UnsupportedError, abort_on_error
     from ._halves import Allgather, Reduce_scatter, Reduce_scatter_block
+    from ._numba_cache import CompileWarning
     from ._requests import (
         Allgather_init,
         Allreduce_init,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
 import threading
 
 from numba.core import caching
@@ -69,3 +71,27 @@ def test_every_module_that_compiles_installs_the_lock_first():
         return any(reaches(m, seen) for m in imports.get(name, ()) if m not in seen)
 
     assert compiles and not [m for m in sorted(compiles) if not reaches(m, set())]
+
+
+_FIRST_USE = """
+import warnings
+from ringmpi import _numba_cache, kernels
+_numba_cache.SLOW = 0.0  # any run of compiles is slow enough
+with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    kernels.reduction(kernels.op_from_name("max"), "int8").warm()
+said = [w for w in got if issubclass(w.category, _numba_cache.CompileWarning)]
+print(len(said), said[0].filename if said else "-")
+"""
+
+
+def test_a_first_compile_says_so_once_and_a_load_does_not(tmp_path):
+    """ringmpi.CompileWarning: once a run of compiles of ringmpi's functions has gone
+    on for SLOW seconds, once per process, pointing at the program's own line; loading
+    the same functions from the cache says nothing."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    run = [sys.executable, "-c", _FIRST_USE]
+    first = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert first.stdout.split() == ["1", "<string>"], first.stdout + first.stderr
+    again = subprocess.run(run, env=env, capture_output=True, text=True, timeout=300)
+    assert again.stdout.split() == ["0", "-"], again.stdout + again.stderr

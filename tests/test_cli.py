@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -491,3 +492,62 @@ def test_every_row_makes_the_same_call(tmp_path, monkeypatch):
             for algorithm, stores in ways}  # fmt: skip
     assert all(len(ids) == 1 for ids in recv.values())  # one object per row
     assert len({next(iter(ids)) for ids in recv.values()}) == len(ways)  # none shared
+
+
+@pytest.mark.family  # it starts mpirun
+def test_the_timeout_is_on_ringmpis_rows_not_the_baseline(tmp_path):
+    """--timeout on auto's row; mpi and mpi4py time the library's blocking call as a
+    program makes it (with a timeout, mpi would poll MPI_Iallreduce)."""
+    out = tmp_path / "r.json"
+    p = run(2, "-b", "8", "-e", "8", "-n", "2", "-a", "auto,mpi,mpi4py", "--timeout", "30",
+            "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    said = p.stdout.replace("\n#   ", " ")
+    assert "# timeout 30 s on auto: a rank that waits" in said
+    assert "; mpi, mpi4py without one: the library's blocking MPI_Allreduce" in said
+    assert json.loads(out.read_text())["header"]["timeout_s"] == {"auto": 30.0, "mpi": 0.0}
+
+
+def test_ranks_that_share_a_core_print_no_copy_rates(tmp_path):
+    """Two ranks bound to one core: their copies cannot overlap, so the header gives
+    no node bandwidth and no floor, rather than the sum of rates measured apart."""
+    out = tmp_path / "r.json"
+    cmd = ["taskset", "-c", "0", *_mpirun(), "-n", "2", PY, "-m", "ringmpi.allreduce",
+           "-b", "1M", "-e", "1M", "-n", "1", "-w", "0", "-a", "mpi", "--json", str(out)]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "NUMBA_NUM_THREADS": "1"})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    assert data["header"]["oversubscribed"] is True
+    assert "# no copy rates and no floor: ranks that share cores" in p.stdout
+    assert re.search(r"^# 1M$", p.stdout, re.M), p.stdout
+    [row] = data["rows"]
+    assert row["copy_GBs"] is None and row["stream_GBs"] is None and row["floor_us"] is None
+
+
+@pytest.mark.family  # it starts mpirun
+def test_an_output_that_cannot_be_made_ends_the_job_before_the_sweep():
+    """--json into a folder where no file can be made (/proc): status 2, before the
+    header, where the check once passed (the folder exists, root may write) and the
+    whole sweep ran first."""
+    p = run(2, "-b", "8", "-e", "8", "--json", "/proc/nope.json", timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "error: --json /proc/nope.json: " in p.stderr and p.stdout == ""
+
+
+def test_a_size_beyond_the_memory_ends_the_job_before_the_sweep():
+    """-e larger than a rank can allocate (here: ulimit -v of 6 GiB): status 2 naming
+    the flag, before the header, not a MemoryError and MPI_Abort mid-sweep."""
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    cmd = [*_mpirun(), "-n", "2", PY, "-m", "ringmpi.allreduce", "-b", "8G", "-e", "8G"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=limited,
+                       env={**os.environ, "NUMBA_NUM_THREADS": "1"})  # fmt: skip
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert (
+        "error: -e: the largest size, 8G of float32, needs about 18.2 GiB a rank, and "
+        "ulimit -v leaves this process" in p.stderr
+    ), p.stderr
+    assert p.stdout == ""

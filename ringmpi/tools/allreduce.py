@@ -23,6 +23,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,12 +37,13 @@ from ringmpi import _direct, _settings, _trace, algorithms, tuning
 from ringmpi._comm import Context, context, sleepy_barrier
 from ringmpi._copy import copy
 from ringmpi._errors import abort_on_error
+from ringmpi._numba_cache import CompileWarning
 from ringmpi.algorithms import tuner
 from ringmpi.algorithms.hierarchical import layout, window_choice
 from ringmpi.kernels import AVG, OPS, op_from_name, reduction
 from ringmpi.verify import count_wrong, verify_inputs
 
-from . import _plot, prog
+from . import _memory, _plot, prog
 from ._args import ArgumentParser
 from ._units import SYSTEM, buffer_sets, format_size, off_cache_bytes, parse_size, sweep, whole
 
@@ -84,7 +86,8 @@ def _parser(name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout", type=float, metavar="SECONDS",
         help="a rank that waits this long without progress raises, naming the rank it waits "
-        "for, and the job is aborted (RINGMPI_TIMEOUT; default: wait as long as it takes)",
+        "for, and the job is aborted (RINGMPI_TIMEOUT; default: wait as long as it takes); "
+        "ringmpi's rows only: mpi and mpi4py time the library's blocking call",
     )  # fmt: skip
     p.add_argument(
         "--off-cache", nargs="?", const=SYSTEM, type=parse_size, metavar="SIZE",
@@ -137,7 +140,9 @@ def _entry(name: str, now: _settings.Settings) -> _Entry:
     """An ``-a`` entry. A named algorithm is chosen by the ``algorithm`` setting, so
     that its calls are auto's positional call, which the C repeat path serves; for
     ``hierarchical:WAY`` the settings also store to the node's window that way, so
-    that both ways run in one launch."""
+    that both ways run in one launch. The baseline (``mpi``, like ``mpi4py``) runs
+    without ``--timeout``: with one, the library's call would be its nonblocking
+    one, polled, which is not the call a program makes."""
     if name == RAW:
         return _Entry(name, RAW, now)
     base, _, way = name.partition(":")
@@ -149,7 +154,11 @@ def _entry(name: str, now: _settings.Settings) -> _Entry:
         )
     if base == "auto":
         return _Entry(name, base, now)
-    changes = {"algorithm": base, **({"window_stores": way} if way else {})}
+    changes: dict[str, object] = {"algorithm": base}
+    if way:
+        changes["window_stores"] = way
+    if base == "mpi":  # the baseline as a program calls it: blocking, no timeout
+        changes["timeout"] = 0
     return _Entry(name, base, now.changed(**changes))
 
 
@@ -319,6 +328,21 @@ def _header(comm: MPI.Intracomm, nodes: int, compile_s: float, args: argparse.Na
     }
 
 
+def _timeout_line(timeout: float, entries: list[_Entry]) -> str:
+    """The header's line on ``--timeout``: which rows run with it, which without."""
+    on = [e.name for e in entries if e.base not in (RAW, "mpi")]
+    off = [e.name for e in entries if e.base in (RAW, "mpi")]
+    said = f"timeout {timeout:g} s"
+    if on:
+        said += (f" on {', '.join(on)}: a rank that waits that long without progress "
+                 "raises, naming the rank it waits for")  # fmt: skip
+    if off:
+        said += (f"{';' if on else ':'} {', '.join(off)} without one: the library's blocking "
+                 "MPI_Allreduce, as a program calls it (a timeout would poll its "
+                 "nonblocking call)")  # fmt: skip
+    return said
+
+
 def _library() -> str:
     return " ".join(MPI.Get_library_version().replace("\x00", "").split("\n")[0].split())
 
@@ -344,11 +368,45 @@ def _unwritable(args: argparse.Namespace) -> str | None:
             return f"{flag} {path}: is a folder"
         if not os.path.isdir(folder):
             return f"{flag} {path}: no folder {folder}"
-        if not os.access(folder, os.W_OK) or (
-            os.path.exists(path) and not os.access(path, os.W_OK)
-        ):
-            return f"{flag} {path}: not writable"
+        # Opened as the write after the sweep will open it (root may write anywhere
+        # os.access allows, yet not create a file in /proc); a file made here is removed.
+        existed = os.path.exists(path)
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            return f"{flag} {path}: {exc.strerror or 'not writable'}"
+        if not existed:
+            os.remove(path)
     return None
+
+
+# What a rank holds beside its buffers once the kernels are compiled and the
+# library's own collective has run (its temporary buffers; Numba's compiler).
+_HELD = 256 << 20
+
+
+def _too_large(args: argparse.Namespace, sizes: list[tuple[int, int]], red: Any,
+               entries: list[_Entry], cache: int, node_ranks: int) -> str | None:  # fmt: skip
+    """Why the sweep's largest size cannot fit in the memory a rank may still take,
+    naming the flags; None where it fits. A rank holds, per set of buffers, a send
+    and a receive buffer of the size, and the check's comparison, a byte an element."""
+    need = 0
+    for count, nbytes in sizes:
+        sets = 1
+        if cache:
+            most = max(1, min(_MOST_SETS, _MOST_REMEMBERED // len(entries)))
+            sets = buffer_sets(nbytes, cache, node_ranks, most)
+        need = max(need, 2 * nbytes * sets + count)
+    why = _memory.shortfall(need + _HELD, node_ranks)
+    if why is None:
+        return None
+    largest = format_size(max(nbytes for _, nbytes in sizes))
+    flags = "-e" + (" and --off-cache" if cache else "")
+    return (
+        f"{flags}: the largest size, {largest} of {red.dtype}, {why}; give a smaller "
+        "-e (docs: cli.md, Memory per size)"
+    )
 
 
 @dataclass
@@ -489,12 +547,12 @@ def _format(row: dict) -> str:
 _FLOOR_FROM = 1 << 20
 
 
-def _floor(nbytes: int, ranks: int, nodes: int, stream_GBs: float) -> float | None:
+def _floor(nbytes: int, ranks: int, nodes: int, stream_GBs: float | None) -> float | None:
     """The least time an all-reduce of ``nbytes`` on one node spends in memory: every
     rank's input read once and every result written once (two buffers a rank) at the
     node's streaming rate (seconds); None across nodes, below _FLOOR_FROM, or where no
     rate was measured."""
-    if nodes > 1 or stream_GBs <= 0 or nbytes < _FLOOR_FROM:
+    if nodes > 1 or not stream_GBs or stream_GBs <= 0 or nbytes < _FLOOR_FROM:
         return None
     return 2 * nbytes * ranks / (stream_GBs * 1e9)
 
@@ -580,6 +638,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     # An exception on one rank would leave the others waiting forever in the next
     # collective: print it and take the whole job down instead.
     abort_on_error(comm)
+    # The header says that the kernels compile, and a line every 10 s that it goes on.
+    warnings.filterwarnings("ignore", category=CompileWarning)
     parser = _parser(command)
     args = parser.parse_args(argv)
     rank = comm.Get_rank()
@@ -593,6 +653,11 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     # the CPU from ranks still starting up (64 ranks on 2 cores import for tens of
     # seconds). Rank 0 alone writes the outputs: it checks them.
     sleepy_barrier(comm)
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    node_ranks = node.Get_size()
+    node.Free()
+    if problem is None:
+        problem = _too_large(args, sizes, red, entries, cache, node_ranks)
     problems = comm.allgather(problem)
     said = comm.bcast(_unwritable(args) if rank == 0 else None, root=0)
     if any(problems):
@@ -635,6 +700,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
               f"numpy {np.__version__}")  # fmt: skip
         if any(e.base == "auto" for e in entries):
             _say(f"auto's choices: {said}")
+        if now.timeout:
+            _say(_timeout_line(now.timeout, entries))
         for why in left_out:
             _say(why)
         _say(f"loading the {red.describe()} kernels: the first run of a type and op on "
@@ -645,6 +712,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         compile_s = _warm(ctx, red)
     header = _header(comm, nodes, compile_s, args, cores, auto, left_out)
     header["off_cache_bytes"] = cache
+    header["timeout_s"] = {e.name: e.settings.timeout for e in entries if e.base != RAW}
     if rank == 0:
         print(f"# first-call compile (or cache load) of the {red.describe()} kernel: "
               f"{header['first_call_compile_ms']} ms")  # fmt: skip
@@ -660,10 +728,14 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                  f"buffers as make the node's ranks touch twice its "
                  f"{format_size(cache, long=True)} last-level cache before a set comes back "
                  f"(at most {_MOST_SETS}: small sizes stay in the cache)")  # fmt: skip
-        _say("each size's line: copy, a NumPy copy of that size on every rank at once, read "
-             "+ write bytes summed over ranks; stream, the same with streaming (non-temporal) "
-             "stores, which do not read a line before writing it: the memory bandwidth the "
-             "shared-memory phase can reach")  # fmt: skip
+        if cores["oversubscribed"]:
+            _say("no copy rates and no floor: ranks that share cores do not copy at once, so "
+                 "the node's memory bandwidth cannot be measured from them")  # fmt: skip
+        else:
+            _say("each size's line: copy, a NumPy copy of that size on every rank at once, "
+                 "read + write bytes summed over ranks; stream, the same with streaming "
+                 "(non-temporal) stores, which do not read a line before writing it: the "
+                 "memory bandwidth the shared-memory phase can reach")  # fmt: skip
         print("#" + _COLUMNS[1:])
         print(_UNITS)
         sys.stdout.flush()
@@ -672,8 +744,10 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     for count, nbytes in sizes:
         send = verify_inputs(op, red.dtype, rank, count)
         recv = np.empty_like(send)
-        copy_bw = _copy_bandwidth(comm, ctx, send, recv)
-        stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
+        copy_bw = stream_bw = None  # where ranks share cores, their copies do not overlap
+        if not cores["oversubscribed"]:
+            copy_bw = _copy_bandwidth(comm, ctx, send, recv)
+            stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
         sets = 1
         if cache:
             most = max(1, min(_MOST_SETS, _MOST_REMEMBERED // len(entries)))
@@ -688,8 +762,9 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                 on = (f"; {sets} set{'s' if sets > 1 else ''} of buffers, "
                       f"{format_size(2 * nbytes * sets * cores['node_ranks'], long=True)} "
                       f"on the node")  # fmt: skip
-            print(f"# {format_size(nbytes)}: copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s"
-                  f"{on}", flush=True)  # fmt: skip
+            rates = ("" if copy_bw is None
+                     else f": copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s")  # fmt: skip
+            print(f"# {format_size(nbytes)}{rates}{on}", flush=True)
         views = dict(zip((e.name for e in entries), _views(recvs, len(entries)), strict=True))
         calls = {e.name: [_caller(e, sends[k], views[e.name][k], op, comm) for k in range(sets)]
                  for e in entries}  # fmt: skip

@@ -10,6 +10,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ._segments import release_mapped
+
 __all__ = ["RingMPIError", "UnsupportedError", "abort_on_error"]
 
 
@@ -43,7 +45,8 @@ def abort_on_error(comm: Any = None, code: int = 1, grace: float = 0.5) -> None:
     It waits ``grace`` seconds between printing and aborting, so that the other
     ranks that fail at about the same time (after a timeout, every rank that
     waited) print theirs too: the first rank to give up is not always one that
-    waited for the culprit itself.
+    waited for the culprit itself. Before aborting it removes the MPI library's
+    segments in ``/dev/shm`` that this rank maps, which ``MPI_Abort`` would leave.
     """
     target = MPI.COMM_WORLD if comm is None else comm
 
@@ -55,6 +58,7 @@ def abort_on_error(comm: Any = None, code: int = 1, grace: float = 0.5) -> None:
         )
         sys.stderr.flush()
         time.sleep(grace)
+        release_mapped()  # MPI_Abort skips the library's removal of its segments
         target.Abort(code)
 
     sys.excepthook = hook

@@ -28,6 +28,8 @@ def test_fault_ends_the_job_and_names_the_rank(case, fault):
     o = reliability.launch(case, fault)
     # the segments of the ranks it killed went with the job
     assert shm.stale(among=shm.names() - before) == []
+    if fault != "kill":  # an abort: the failing rank removed them itself
+        assert o.left == [], f"the aborted job left {o.left} in /dev/shm"
     assert o.returncode is not None, f"the job hung: {o.message}"
     assert o.returncode != 0, o.message
     if fault == "kill":  # the launcher's report: MPICH's may name another process it reaped

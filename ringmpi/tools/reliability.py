@@ -72,6 +72,7 @@ class Outcome:
     seconds: float  # from the fault to the end of the job
     named: bool  # the output names the culprit (its rank, or its PID for a kill)
     message: str  # the line that names it (or, for a kill, reports one), or the output's end
+    left: list[str]  # the MPI segments the job left in /dev/shm (removed afterwards)
 
     @property
     def ok(self) -> bool:
@@ -96,7 +97,7 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "RINGMPI_TIMEOUT": repr(timeout), **settings}
     cmd = [*mpirun(), "-n", str(RANKS), sys.executable, "-m", _JOB,
            "fault", algorithm, fault, str(CULPRIT)]  # fmt: skip
-    with shm.swept():  # the killed ranks' segments: removed once the job is gone
+    with shm.swept() as left:  # the killed ranks' segments: removed once the job is gone
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=env, start_new_session=True)  # fmt: skip
         try:
@@ -123,7 +124,7 @@ def launch(case: str, fault: str, timeout: float = TIMEOUT) -> Outcome:
     found = re.search(said, out, re.M)
     line = found or reported
     message = line.group(0).strip() if line else out.strip()[-300:]
-    return Outcome(case, fault, code, seconds, found is not None, message)
+    return Outcome(case, fault, code, seconds, found is not None, message, left)
 
 
 def measured(nranks: int = 3, *job: str) -> list[dict]:

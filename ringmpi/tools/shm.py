@@ -2,10 +2,12 @@
 
 An MPI library keeps a job's shared memory (its intra-node channels, the
 shared windows ringmpi reduces through) as files in ``/dev/shm`` and removes
-them when the job ends. A rank killed by a signal, or a job its launcher tears
-down, leaves them behind: MPICH's ``mpich_shm_*``, Open MPI's ``sm_segment.*``
-and ``vader_segment.*``, Intel MPI's ``shm-col-space-*``. They hold memory
-until removed, and a stale one can make a later MPICH job hang in MPI_Init.
+them when the job ends. A rank killed by a signal, a job its launcher tears
+down, or one ended by ``MPI_Abort`` leaves them behind: MPICH's
+``mpich_shm_*``, Open MPI's ``sm_segment.*`` and ``vader_segment.*``, Intel
+MPI's ``shm-col-space-*`` (:data:`ringmpi._segments.PREFIXES`). A rank that
+aborts through ``ringmpi.abort_on_error`` removes those it maps itself. They
+hold memory until removed, and a stale one can make a later MPICH job hang in MPI_Init.
 
 A segment is *stale* when its name is an MPI library's (:data:`PREFIXES`), it
 is owned by this user and no live process maps it or holds it open
@@ -27,14 +29,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ringmpi import _segments
+
 from . import command_parser
 
 __all__ = ["in_use", "main", "names", "remove_new", "stale", "swept"]
 
-SHM = Path("/dev/shm")
-# How the MPI libraries name their segments: MPICH's, Open MPI's (its sm and
-# older vader transports) and Intel MPI's.
-PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.", "shm-col-space-", "Intel_MPI_")
+SHM = Path(_segments.SHM)
+PREFIXES = _segments.PREFIXES
 
 
 def names(shm: Path = SHM) -> set[str]:
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'removed' if args.remove else 'stale'} {args.dir / name}")
     if not found:
         print(f"{args.dir}: no stale segment")
+    elif not args.remove:
+        print("# no live process uses these: a job killed by a signal or ended by MPI_Abort "
+              "(an uncaught error under mpi4py's or ringmpi's abort-on-error) left them, as "
+              "both skip the library's own removal; --remove removes them")  # fmt: skip
     return 0
 
 

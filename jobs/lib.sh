@@ -16,11 +16,13 @@
 #   MINBYTES MAXBYTES STEPFACTOR ITERS WARMUP BUDGET DATATYPE OP ALGORITHMS
 #                 the sweep: python -m ringmpi.allreduce's -b -e -f -n -w --budget -d -o -a
 #                 (defaults: the command line's own, 8 to 16M by 8, sum on float32)
-#   RINGMPI_TIMEOUT  seconds a rank waits without progress before it raises, naming the
-#                 rank it waits for, and the job aborts (default here 120)
-#   NUMBA_CACHE_DIR  Numba's cache (default: node-local ${TMPDIR:-/tmp}/ringmpi-numba-JOBID,
-#                 filled once per node before the sweep and removed at the end; set it to
-#                 keep a node-local cache across jobs)
+#   RINGMPI_TIMEOUT  seconds a rank of ringmpi's rows waits without progress before it
+#                 raises, naming the rank it waits for, and the job aborts (default here
+#                 120); the baseline rows (mpi, mpi4py) time the library's blocking call
+#   NUMBA_CACHE_DIR  where the compiled kernels are kept (default: Numba's own, beside the
+#                 installed package, or under ~/.cache where the install is read-only: one
+#                 cache per install, kept for the next job); filled on the first node, then
+#                 loaded on every other, before the sweep
 # and every other RINGMPI_* setting the library reads (RINGMPI_TUNING, ...), passed on.
 
 : "${SLURM_JOB_ID:?run this inside a Slurm allocation (sbatch)}"
@@ -36,11 +38,6 @@ RESULTS=${RESULTS:-$submit_dir/results}
 export RINGMPI_TIMEOUT=${RINGMPI_TIMEOUT:-120}
 # One thread per rank: the ranks are the parallelism.
 export NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1
-own_cache=0
-if [[ -z ${NUMBA_CACHE_DIR:-} ]]; then
-  export NUMBA_CACHE_DIR=${TMPDIR:-/tmp}/ringmpi-numba-$SLURM_JOB_ID
-  own_cache=1
-fi
 nodes=$SLURM_NNODES
 ntasks=${SLURM_NTASKS:-$((nodes * ${SLURM_NTASKS_PER_NODE:-1}))}
 mkdir -p "$RESULTS"
@@ -73,20 +70,32 @@ launch() {
   fi
 }
 
-# Fill Numba's cache once per node (one task each) with the kernels and compiled loops
-# the sweep's op and dtype need, so that no rank of the sweep waits on a compile and no
-# two nodes write one cache on a shared file system. MPI is not initialised.
-warm_cache() {
-  local t0=$SECONDS
-  MPI4PY_RC_INITIALIZE=0 srun --mpi=none --nodes="$nodes" --ntasks="$nodes" \
-    --ntasks-per-node=1 "$PYTHON" -c '
+# warm_on NODES [--relative=1]: one task on each of NODES nodes loads the kernels and
+# compiled loops the sweep's op and dtype need from Numba's cache, compiling into it
+# what it lacks; prints where the cache is. MPI is not initialised.
+warm_on() {
+  local n=$1
+  shift
+  MPI4PY_RC_INITIALIZE=0 srun --mpi=none --nodes="$n" --ntasks="$n" --ntasks-per-node=1 \
+    "$@" "$PYTHON" -c '
 import sys
-from ringmpi import algorithms, kernels
+from ringmpi import _copy, algorithms, kernels
 red = kernels.reduction(kernels.op_from_name(sys.argv[1]), sys.argv[2])
 red.warm()
 algorithms.warm(red)
+print(getattr(getattr(_copy.copy_bytes, "_cache", None), "_cache_path", "?"))
 ' "${OP:-sum}" "${DATATYPE:-float32}"
-  echo "# Numba cache $NUMBA_CACHE_DIR filled on $nodes node(s) in $((SECONDS - t0)) s"
+}
+
+# Before the sweep, so that no rank of it waits on a compile: the first node fills the
+# cache (a first job compiles, for about a minute; a later one loads in seconds), then
+# the others load it (a cache on a shared file system is written by one node alone;
+# Numba keys each entry by the CPU, so a node of another kind adds its own).
+warm_cache() {
+  local t0=$SECONDS where
+  where=$(warm_on 1 | tail -n 1)
+  ((nodes > 1)) && warm_on "$((nodes - 1))" --relative=1 >/dev/null
+  echo "# Numba cache $where ready on $nodes node(s) in $((SECONDS - t0)) s"
 }
 
 # The sweep's arguments from the variables above.
@@ -132,15 +141,6 @@ with open(path, "w") as fh:
     json.dump(data, fh, indent=1)
 EOF
 }
-
-# At the end: remove the job's own cache on every node (best effort).
-cleanup() {
-  if ((own_cache)); then
-    srun --mpi=none --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
-      rm -rf "$NUMBA_CACHE_DIR" 2>/dev/null || true
-  fi
-}
-trap cleanup EXIT
 
 export LAUNCHER SRUN_MPI PYTHON
 echo "# job $SLURM_JOB_ID: $nodes node(s) ($SLURM_JOB_NODELIST), $ntasks task(s)," \

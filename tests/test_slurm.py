@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -131,14 +132,22 @@ RESULTS: list[Path] = []  # every JSON the jobs wrote, for the report test
 @slurm
 def test_single_node(work):
     """The default sweep (auto and the MPI baseline) at 4 ranks, srun with PMI-2, the
-    job's own node-local Numba cache, removed at the end."""
+    install's own Numba cache (kept for the next job), the timeout on auto's row only
+    (the baseline is the library's blocking call)."""
     job, state, out = submit(work, "--ntasks=4", "jobs/single-node.sbatch", env=_env(work))
     assert state == "COMPLETED 0:0", out
     assert "LAUNCHER=srun --mpi=pmi2" in out and "# wrong elements in total: 0" in out
-    assert f"Numba cache {os.environ.get('TMPDIR', '/tmp')}/ringmpi-numba-{job} filled" in out
-    assert not Path(f"{os.environ.get('TMPDIR', '/tmp')}/ringmpi-numba-{job}").exists()
+    cache = subprocess.run([PY, "-c", "from ringmpi import _copy; "
+                            "print(_copy.copy_bytes._cache._cache_path)"],
+                           capture_output=True, text=True, env=_env(work)).stdout.strip()  # fmt: skip
+    assert re.search(rf"^# Numba cache {re.escape(cache)} ready on 1 node\(s\) in \d+ s$",
+                     out, re.M), out  # fmt: skip
+    assert Path(cache).is_dir()
+    said = out.replace("\n#   ", " ")  # the header's wrapped lines, whole
+    assert "# timeout 120 s on auto: " in said and "; mpi without one: " in said, out
     path = work / "results" / f"single-node-{job}.json"
     data = _load(path)
+    assert data["header"]["timeout_s"] == {"auto": 120.0, "mpi": 0.0}
     assert [r["algorithm"] for r in data["rows"]][1::2] == ["mpi"] * 3
     assert all(r["algorithm"].startswith("auto(") for r in data["rows"][::2])
     assert data["header"]["ranks"] == 4 and data["header"]["nodes"] == 1

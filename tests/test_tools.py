@@ -8,12 +8,14 @@ import glob
 import importlib
 import subprocess
 import sys
+from collections import Counter
+from itertools import permutations
 from pathlib import Path
 
 import pytest
 
 from ringmpi._host import last_level_cache
-from ringmpi.tools._units import buffer_sets, format_size, parse_size
+from ringmpi.tools._units import buffer_sets, format_size, interleaved, parse_size
 
 PY = sys.executable
 PACKAGE = Path(__file__).resolve().parent.parent / "ringmpi"
@@ -279,3 +281,17 @@ def test_choices_are_the_models_pick_where_each_can_run(capsys):
     for bad in ("1x1", "8y8"):
         with pytest.raises(SystemExit):
             choices.main(["--layouts", bad])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 11])
+def test_interleaved_rows_never_follow_themselves_and_prime_counts_balance(rows):
+    """Each round runs every row once; over 2(rows-1) rounds, seams included, no row
+    follows itself (but a lone row), and at a prime count each ordered pair of rows
+    follows equally often: twice."""
+    rounds = [interleaved(rows, i) for i in range(max(1, 2 * (rows - 1)))]
+    assert all(sorted(r) == list(range(rows)) for r in rounds)
+    calls = [row for r in rounds for row in r]
+    after = Counter(zip(calls, calls[1:] + calls[:1], strict=True))  # seams: the last to the first
+    assert all(a != b for a, b in after) or rows == 1
+    if rows in (2, 3, 5, 7, 11):
+        assert after == dict.fromkeys(permutations(range(rows), 2), 2)

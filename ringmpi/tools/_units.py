@@ -1,6 +1,7 @@
 """Sizes in bytes as the tools read and print them: 8, 64K, 1M, 16M; the sweep of
-sizes that ``-b``, ``-e`` and ``-f`` give; and how many buffers ``--off-cache``
-rotates over to time calls beyond the node's last-level cache."""
+sizes that ``-b``, ``-e`` and ``-f`` give; how many buffers ``--off-cache``
+rotates over to time calls beyond the node's last-level cache; and the order in
+which interleaved rows take their turns."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections.abc import Callable
 
 from .._host import last_level_cache
 
-__all__ = ["SYSTEM", "buffer_sets", "format_size", "off_cache_bytes", "parse_count",
-           "parse_size", "sweep", "whole"]  # fmt: skip
+__all__ = ["SYSTEM", "buffer_sets", "format_size", "interleaved", "off_cache_bytes",
+           "parse_count", "parse_size", "sweep", "whole"]  # fmt: skip
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -110,3 +111,15 @@ def buffer_sets(nbytes: int, cache: int, node_ranks: int, most: int, buffers: in
     nothing from more)."""
     needed = math.ceil(2 * cache / (node_ranks * buffers * max(nbytes, 1)))
     return max(1, min(needed, most))
+
+
+def interleaved(rows: int, i: int) -> list[int]:
+    """Round ``i``'s order of the ``rows`` timed rows: row ``j * step % rows`` j-th, the
+    step cycling through the numbers coprime to ``rows``. No row follows itself, also
+    across the seam to the next round (which starts at row 0 after row ``-step``); where
+    ``rows`` is prime (2, 3, 5, 7, 11) every row follows every other equally often over
+    ``rows - 1`` rounds, so that the row after a memory-hungry one (auto's shared memory
+    beside the library's call) does not always pay for it."""
+    steps = [s for s in range(1, rows) if math.gcd(s, rows) == 1] or [1]
+    step = steps[i % len(steps)]
+    return [j * step % rows for j in range(rows)]

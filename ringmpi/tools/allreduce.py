@@ -45,7 +45,16 @@ from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _memory, _plot, prog
 from ._args import ArgumentParser
-from ._units import SYSTEM, buffer_sets, format_size, off_cache_bytes, parse_size, sweep, whole
+from ._units import (
+    SYSTEM,
+    buffer_sets,
+    format_size,
+    interleaved,
+    off_cache_bytes,
+    parse_size,
+    sweep,
+    whole,
+)
 
 __all__ = ["main"]
 
@@ -774,11 +783,9 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
                     for e in entries}  # fmt: skip
             turn = 0  # the set of buffers the next timed call runs on
             for i in range(max(run.iters for run in runs.values())):
-                # Interleaved, so that each sees the same machine, and each round starts
-                # with the next one, so that none always finds the caches as one other
-                # left them.
-                order = entries[i % len(entries) :] + entries[: i % len(entries)]
-                for entry in order:
+                # Interleaved, so that each sees the same machine, in an order that
+                # varies so that none always finds the caches as one other left them.
+                for entry in (entries[k] for k in interleaved(len(entries), i)):
                     run = runs[entry.name]
                     if len(run.times) < run.iters:
                         run.times.append(_timed(ctx, entry, calls[entry.name][turn % sets]))

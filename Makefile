@@ -55,10 +55,14 @@ endif
 
 venv: $(VENV)/.ok-run
 
+# The editable install's finder comes after Python's own, which would take a folder on
+# sys.path named ringmpi, the clone itself where a program runs from the folder that
+# holds it, for an empty namespace package: the clone's folder goes on sys.path too.
 $(VENV)/.ok-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[$(MPI)]'
+	echo '$(CURDIR)' > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ringmpi-clone.pth"
 	touch $@
 
 $(VENV)/.ok-test: $(VENV)/.ok-run

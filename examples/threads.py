@@ -3,7 +3,7 @@
     NUMBA_NUM_THREADS=8 mpirun -n 2 python examples/threads.py [--size 256M] [--threads 1,2,4,8]
 
 In-place float32 SUM all-reduces of arrays from ``ringmpi.zeros`` (the
-``symmetric`` algorithm, which auto runs on them from 64 MiB), on as many
+``symmetric`` algorithm, which auto runs on them from 1 MiB), on as many
 arrays as make the node's ranks touch twice its last-level cache before one
 comes back, with the ``threads`` setting at each count in turn
 (interleaved, each call after a barrier, --rounds rounds over the arrays;

@@ -31,7 +31,7 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
-# request, by MPI family: a request of ringmpi's costs 10-20 us more than its blocking
+# request, by MPI family: a request of ringmpi's costs 5-13 us more than its blocking
 # call, which MPICH's own requests outweigh from 64 KiB on, Intel MPI's only from
 # 1 MiB (2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
 OWN_FROM_BYTES = {"MPICH": 64 << 10}

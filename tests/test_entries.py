@@ -265,3 +265,16 @@ def test_the_trace_title_says_the_size_in_words():
                        capture_output=True, text=True, timeout=240, env=ENV)  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert "# ring, 1 MiB of float32, 2 ranks: wrong elements 0" in p.stdout
+
+
+def test_the_package_imports_from_the_folder_that_holds_the_clone(tmp_path):
+    """From the folder that holds a clone named ringmpi, Python finds that folder first
+    on sys.path (the working directory); the install must still give the package, not
+    the clone as an empty namespace package (the Makefile's editable installs)."""
+    (tmp_path / "ringmpi").symlink_to(ROOT, target_is_directory=True)
+    p = subprocess.run([PY, "-c", "import ringmpi; print(ringmpi.__version__, ringmpi.__file__)"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    version, path = p.stdout.split()
+    assert version == __import__("ringmpi").__version__
+    assert Path(path).resolve() == PACKAGE / "__init__.py"

@@ -5,6 +5,12 @@ run on an MPI communicator of the group's ranks.
 
     dist.init_process_group("ringmpi")        # under mpirun: torch's rank is MPI's
 
+torch's default rendezvous (``env://``) takes from MPI what the environment does
+not give (:func:`_env_or_mpi`): the rank and world size MPI's, torch's store
+hosted by ``MPI.COMM_WORLD``'s rank 0 on a port it picks (:func:`mpi_store`).
+Where torchrun or the user set ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``, they are what torch reads, as without ringmpi.
+
 Each torch group gets its communicator when torch makes it: the default group
 ``MPI.COMM_WORLD`` (torch's rank must be the MPI rank: each rank checks its own
 and, before any collective, every rank learns whether one disagrees); a
@@ -25,9 +31,14 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import importlib
+import os
+import socket
 import struct
+import urllib.parse
 import weakref
 import zlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import numpy as np
@@ -41,7 +52,7 @@ from ._comm import context, running, waited
 from ._errors import RingMPIError
 from .kernels import AVG, as_dtype
 
-__all__ = ["BACKEND", "group_comm"]
+__all__ = ["BACKEND", "group_comm", "mpi_store"]
 
 BACKEND = "ringmpi"
 
@@ -569,6 +580,12 @@ def _create(common: Any, backend_opts: Any) -> _Group:
     world = MPI.COMM_WORLD
     if not MPI.Is_initialized() or MPI.Is_finalized():
         raise RuntimeError("the ringmpi backend needs MPI: start the job with mpirun or srun")
+    if not common.global_ranks_in_group and common.group_size > world.Get_size():
+        # (a default group of MPI's first ranks is one, but not of ranks MPI has not)
+        raise RuntimeError(f"the ringmpi backend: torch's world size {common.group_size} is "
+                           f"more than MPI's ({world.Get_size()} ranks in MPI.COMM_WORLD): "
+                           "WORLD_SIZE in the environment or init_process_group's "
+                           "world_size= (left unset, it is MPI's)")  # fmt: skip
     me = ranks[common.group_rank] if common.group_rank < len(ranks) else -1
     if len(ranks) == common.group_size == world.Get_size() and ranks == list(range(len(ranks))):
         # The default group: torch's ranks must be MPI's, checked on every rank at once.
@@ -578,8 +595,8 @@ def _create(common: Any, backend_opts: Any) -> _Group:
         if wrong:
             said = ", ".join(f"MPI rank {r} is torch rank {t}" for r, t in wrong[:4])
             raise RuntimeError(f"the ringmpi backend needs torch's ranks to be MPI's: {said} "
-                               "(init_process_group with rank=MPI.COMM_WORLD.rank, or "
-                               "ringmpi.torch.init_process_group())")  # fmt: skip
+                               "(RANK in the environment, or init_process_group's rank=, "
+                               "must be MPI.COMM_WORLD's rank: left unset, it is)")  # fmt: skip
     elif me != world.Get_rank():
         raise RuntimeError(f"the ringmpi backend: torch puts MPI rank {world.Get_rank()} at "
                            f"group rank {common.group_rank} of global ranks {ranks}")  # fmt: skip
@@ -590,4 +607,66 @@ def _create(common: Any, backend_opts: Any) -> _Group:
     return _Group(comm, common.timeout)
 
 
+def mpi_store(comm: MPI.Intracomm, timeout: datetime.timedelta = dist.default_pg_timeout,
+              host: str | None = None, port: int = 0) -> dist.TCPStore:  # fmt: skip
+    """torch's store for ``comm``'s ranks (collective): a TCPStore that ``comm``'s
+    rank 0 hosts at ``host`` (None: its own name) on ``port`` (0: a free one, which
+    the store binds as it picks it), every other rank its client, told where over
+    MPI."""
+    where = None
+    if comm.Get_rank() == 0:
+        # multi-tenant as torch's env:// makes it; its clients connect after the
+        # broadcast below, so it cannot wait for them here
+        store = dist.TCPStore(host or socket.gethostname(), port, comm.Get_size(), True,
+                              timeout, wait_for_workers=False, multi_tenant=True)  # fmt: skip
+        where = (store.host, store.port)
+    host, port = comm.bcast(where)
+    if comm.Get_rank() != 0:
+        store = dist.TCPStore(host, port, comm.Get_size(), False, timeout)
+    # every client connected before rank 0 goes on: where it raises next (a world size
+    # over MPI's), its store goes with it, and a client still connecting would wait out
+    # the timeout
+    comm.Barrier()
+    return store
+
+
+def _env_or_mpi(url: str, timeout: datetime.timedelta = dist.default_pg_timeout,
+                **kwargs: Any) -> Iterator[tuple[Any, int, int]]:  # fmt: skip
+    """torch's ``env://`` rendezvous, what the environment leaves out taken from MPI:
+    the rank and the world size MPI's (given to torch's own as ``rank=`` and
+    ``world_size=`` would be), and without both ``MASTER_ADDR`` and ``MASTER_PORT``
+    a store that ``MPI.COMM_WORLD``'s rank 0 hosts, at ``MASTER_ADDR`` or its own
+    name, on ``MASTER_PORT`` or a port it picks. A value the environment (or the
+    call) gives is the one used: a ``RANK`` that is not MPI's reaches _create, which
+    names it."""
+    if not MPI.Is_initialized() or MPI.Is_finalized():  # no MPI to ask: torch's own
+        yield from _TORCH_ENV(url, timeout=timeout, **kwargs)
+        return
+    world = MPI.COMM_WORLD
+    parts = urllib.parse.urlparse(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    # (torch reads an empty variable as unset, and so does this)
+    rank = int(query.get("rank") or os.environ.get("RANK") or world.Get_rank())
+    size = int(query.get("world_size") or os.environ.get("WORLD_SIZE") or world.Get_size())
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if host and port:
+        query.update(rank=str(rank), world_size=str(size))
+        url = parts._replace(query=urllib.parse.urlencode(query)).geturl()
+        yield from _TORCH_ENV(url, timeout=timeout, **kwargs)
+        return
+    yield mpi_store(world, timeout, host, int(port or 0)), rank, size
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")  # as torch's
+
+
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+# torch makes the default group's store before it looks at the backend: a backend has
+# no say in the rendezvous, and register_rendezvous_handler refuses a scheme torch has.
+# So its env:// handler (the default init_method) is replaced in its table, by one that
+# calls it wherever the environment gives what it reads, as without ringmpi. A torch
+# without that table keeps its own: there the environment must give all four.
+_HANDLERS = getattr(importlib.import_module("torch.distributed.rendezvous"),
+                    "_rendezvous_handlers", {})  # fmt: skip
+if "env" in _HANDLERS:
+    _TORCH_ENV = _HANDLERS["env"]
+    _HANDLERS["env"] = _env_or_mpi

@@ -5,7 +5,7 @@ communication hook that averages through ringmpi, and tensors in the node's wind
 Importing this module registers the backend (:mod:`ringmpi._torch_group`)::
 
     import ringmpi.torch
-    torch.distributed.init_process_group("ringmpi")   # under mpirun or srun
+    torch.distributed.init_process_group("ringmpi")   # under mpirun or srun: MPI's ranks
     model = DistributedDataParallel(model)             # every collective through MPI
 
 The hook, on a Gloo group::
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import _api, _torch_group  # noqa: F401 -- _torch_group registers the backend
+from . import _api, _torch_group  # (importing _torch_group registers the backend)
 from .kernels import AVG
 
 __all__ = ["allreduce_hook", "empty", "init_process_group", "zeros"]
@@ -37,18 +37,10 @@ __all__ = ["allreduce_hook", "empty", "init_process_group", "zeros"]
 
 def init_process_group(comm: MPI.Intracomm | None = None, backend: str = "gloo") -> None:
     """``torch.distributed.init_process_group`` with ``comm``'s ranks (None:
-    ``MPI.COMM_WORLD``), for a job started by ``mpirun``: rank 0's host and a free
-    port of it are its TCP rendezvous."""
-    import socket  # noqa: PLC0415
-
+    ``MPI.COMM_WORLD``), for a job started by ``mpirun``, whatever the environment
+    says: its store hosted by ``comm``'s rank 0 on a port it picks."""
     comm = MPI.COMM_WORLD if comm is None else comm
-    where = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            where = (socket.gethostname(), s.getsockname()[1])
-    host, port = comm.bcast(where)
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}",
+    dist.init_process_group(backend, store=_torch_group.mpi_store(comm),
                             rank=comm.Get_rank(), world_size=comm.Get_size())  # fmt: skip
 
 

@@ -237,7 +237,7 @@ TORCH_JOB = """#!/bin/bash
 srun --mpi=pmi2 --kill-on-bad-exit=1 "$PYTHON" -c '
 import torch, torch.distributed as dist, ringmpi.torch
 from mpi4py import MPI
-ringmpi.torch.init_process_group(backend="ringmpi")
+dist.init_process_group("ringmpi")  # rank, size and rendezvous from MPI
 x = torch.full((3,), float(dist.get_rank() + 1))
 dist.all_reduce(x)
 print("rank", MPI.COMM_WORLD.rank, "of", dist.get_world_size(), dist.get_backend(), x.tolist())
@@ -248,7 +248,8 @@ dist.destroy_process_group()'
 @slurm
 def test_the_torch_backend_under_srun(work):
     """torch.distributed on the ringmpi backend in a job whose ranks srun starts
-    (PMI-2): torch's rank is MPI's, and the all-reduce is every rank's sum."""
+    (PMI-2), started as torch's own call with no variable set: torch's rank is MPI's,
+    and the all-reduce is every rank's sum."""
     if subprocess.run([PY, "-c", "import torch"], capture_output=True).returncode:
         pytest.skip("no PyTorch in this venv (make test-torch installs it)")
     script = work / "torch.sbatch"

@@ -108,6 +108,9 @@ SKIPPED: dict[str, str] = {
     "srun python -m ringmpi.allreduce": "inside a Slurm allocation",
     "sbatch -N 4 --ntasks-per-node=32 jobs/multi-node.sbatch": _SLURM,
     "sbatch jobs/single-node.sbatch": _SLURM,
+    "MINBYTES=8 MAXBYTES=64K STEPFACTOR=64 ITERS=3 WARMUP=1 RESULTS=mn sbatch --wait -N 1 "
+    "--ntasks-per-node=4 jobs/multi-node.sbatch": _SLURM,
+    "python -m ringmpi report mn/*.json --markdown": _SLURM + ", for the job's JSON",
     "sbatch -N 8 --ntasks-per-node=32 jobs/scaling.sbatch": _SLURM,
     "make slurm-up": _SLURM,
     "export SLURM_CONF=${TMPDIR:-/tmp}/ringmpi-slurm/slurm.conf": _SLURM,

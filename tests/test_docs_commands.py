@@ -64,8 +64,8 @@ SKIPPED: dict[str, str] = {
         "extra's scikit-learn (test_examples_extra_installed)"
     ),
     "python -m pip install -e .": "changes this environment's ringmpi install",
-    "echo \"$PWD\" > \"$(python -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
-    "/ringmpi-clone.pth\"": "changes this environment's ringmpi install",
+    'echo "$PWD" > "$(python -c \'import sysconfig; print(sysconfig.get_path("purelib"))\')'
+    '/ringmpi-clone.pth"': "changes this environment's ringmpi install",
     "ulimit -v 6000000; mpirun -n 2 python -m ringmpi.allreduce -b 8G -e 8G": (
         "exits 2 on purpose, as the page shows: tests/test_cli.py checks its message"
     ),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import re
+import warnings
 from typing import Any, NoReturn
 
 from ringmpi._program import launcher_rank
 
 from ._units import format_size, parse_size, sweep, whole
 
-__all__ = ["ArgumentParser", "plain"]
+__all__ = ["ArgumentParser", "plain", "quiet_compiles"]
 
 # reST in the module docstrings that become descriptions: a role (:func:`~a.b`),
 # literal text (``x``), a literal block's "::" and emphasis (*word*).
@@ -18,6 +19,12 @@ _ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
 _LITERAL = re.compile(r"``(.+?)``", re.DOTALL)
 _BLOCK = re.compile(r"(\S)::$", re.MULTILINE)
 _EMPHASIS = re.compile(r"(?<![\w*`])\*(\w+)\*(?![\w*])")
+
+
+def quiet_compiles() -> None:
+    """Silence ``ringmpi.CompileWarning`` (by its text: importing it would load Numba):
+    a tool says itself that its kernels compile, and how long it took."""
+    warnings.filterwarnings("ignore", "ringmpi is compiling", UserWarning)
 
 
 def plain(text: str) -> str:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from ._args import ArgumentParser
+from ._args import ArgumentParser, quiet_compiles
 
 __all__ = ["command_parser", "main", "prog"]
 
@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "`python -m ringmpi schedule 4`\n",
         )
     args = parser.parse_args(argv)
+    quiet_compiles()
     if argv is None and args.command in _offline and "mpi4py.MPI" not in sys.modules:
         import mpi4py  # noqa: PLC0415 (listing the commands imports no MPI)
 

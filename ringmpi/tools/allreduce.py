@@ -23,7 +23,6 @@ import sys
 import textwrap
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,14 +36,13 @@ from ringmpi import _direct, _settings, _trace, algorithms, tuning
 from ringmpi._comm import Context, context, sleepy_barrier
 from ringmpi._copy import copy
 from ringmpi._errors import abort_on_error
-from ringmpi._numba_cache import CompileWarning
 from ringmpi.algorithms import tuner
 from ringmpi.algorithms.hierarchical import layout, window_choice
 from ringmpi.kernels import AVG, OPS, op_from_name, reduction
 from ringmpi.verify import count_wrong, verify_inputs
 
 from . import _memory, _plot, prog
-from ._args import ArgumentParser
+from ._args import ArgumentParser, quiet_compiles
 from ._units import (
     SYSTEM,
     buffer_sets,
@@ -647,8 +645,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
     # An exception on one rank would leave the others waiting forever in the next
     # collective: print it and take the whole job down instead.
     abort_on_error(comm)
-    # The header says that the kernels compile, and a line every 10 s that it goes on.
-    warnings.filterwarnings("ignore", category=CompileWarning)
+    quiet_compiles()  # the header says that the kernels compile, a line every 10 s more
     parser = _parser(command)
     args = parser.parse_args(argv)
     rank = comm.Get_rank()

@@ -56,6 +56,7 @@ the communicator on one node; ``auto`` offers it only there.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -64,7 +65,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _direct, _trace
+from .. import _direct, _host, _trace
 from .._capi import (
     CELL_IN_PLACE,
     CELL_OWN,
@@ -81,11 +82,18 @@ from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from .registry import records, register
 
-__all__ = ["SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "compiled", "resumable",
+__all__ = ["CROWDED_SET_BYTES", "SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "compiled",
+           "resumable",
            "shared_memory_halves", "warm"]  # fmt: skip
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
 SET_BYTES = 1 << 17
+# Where the node's ranks outnumber the cores their affinity masks hold, a rank that
+# waits for one the scheduler has put aside loses about a scheduler slice at the
+# handoff (1.5 ms, 4 ranks on 2 cores beside two busy processes), and a piece costs
+# two handoffs: there, sets of up to this many bytes, so that a call hands off a
+# few times, not twice per SET_BYTES.
+CROWDED_SET_BYTES = 1 << 22
 # Pieces of at least this many bytes are cut into slices, one per rank (below).
 SCATTER_BYTES = 1 << 14
 # From this many bytes a result written apart from its input goes to the user's
@@ -467,9 +475,33 @@ def warm(kinds) -> None:
     _direct.warm()
 
 
+def set_bytes(node: MPI.Intracomm) -> int:
+    """The bytes of each set of ``node``'s window (collective over the node):
+    SET_BYTES, or where the node's ranks outnumber the cores their affinity masks
+    hold, CROWDED_SET_BYTES, halved while every rank's window would take more than
+    a quarter of the shared memory's free space (toward SET_BYTES at least)."""
+    seen = node.allgather((_host.affinity(), _shm_room()))
+    if node.Get_size() <= len(frozenset().union(*(mask for mask, _ in seen))):
+        return SET_BYTES
+    room = min(free for _, free in seen) // (4 * node.Get_size())
+    size = CROWDED_SET_BYTES
+    while size > SET_BYTES and _HEADER + 2 * size > room:
+        size //= 2
+    return size
+
+
+def _shm_room() -> int:
+    """Free bytes where MPI keeps shared windows (/dev/shm); plenty where unknown."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
+
+
 class _Node:
-    """The communicator's window (per local rank a header and two sets of SET_BYTES),
-    allocated by the first call, and each call shape's fixed numbers."""
+    """The communicator's window (per local rank a header and two sets of
+    ``set_bytes``), allocated by the first call, and each call shape's fixed numbers."""
 
     flat: np.ndarray | None  # the whole window (open); None once freed
     flags: np.ndarray | None  # the window as int64 cells (open); None once freed
@@ -490,7 +522,8 @@ class _Node:
             )
         ctx.arrive(ctx.node, "shared_memory: allocating the node's window", timeout)
         self.node = ctx.node
-        self.capacity = _HEADER + 2 * SET_BYTES
+        self.set_bytes = set_bytes(ctx.node)
+        self.capacity = _HEADER + 2 * self.set_bytes
         self.win, flat = node_window(ctx.node, self.capacity)
         self.flat = flat
         self.flags = flat.view(np.int64)
@@ -527,7 +560,7 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
                             timeout=timeout, half=red.half,
                             avg_by=red.avg_divisor(ctx.size))  # fmt: skip
         params[_RANK:_NPARAMS] = (ctx.rank, ctx.size, node.capacity // 8, node.capacity // isz,
-                                  _HEADER // isz, SET_BYTES // isz, node.handle,
+                                  _HEADER // isz, node.set_bytes // isz, node.handle,
                                   SCATTER_BYTES // isz, 0, 0, _NEW, 0, 0,
                                   STREAM_OUT_FROM // isz)  # fmt: skip
         split = lanes != red.dtype

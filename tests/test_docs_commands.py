@@ -91,6 +91,8 @@ SKIPPED: dict[str, str] = {
     "mpirun --allow-run-as-root --oversubscribe -n 4 python -m ringmpi.allreduce": (
         _ANOTHER_FAMILY
     ),
+    "RINGMPI_TUNER=memory mpirun -n 4 python -m ringmpi.allreduce -b 16 -e 16M -f 16 -n 7 "
+    "-a auto,mpi": "4 ranks with the tuner's trials at every size: over a minute on 2 cores",
     # more ranks than the 2-4 this test runs
     "mpirun -n 64 python -m ringmpi.allreduce": "64 ranks",
     "mpirun -n 8 python -m ringmpi.allreduce -d float64 -o max -a ring,mpi --json out.json": (

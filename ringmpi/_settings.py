@@ -25,6 +25,7 @@ __all__ = [
 PLACEMENTS = ("block", "cyclic")
 STORES = ("auto", "cached", "streaming")
 WAITS = ("auto", "spin", "sleep")
+OVERSUBSCRIBED = ("auto", "yes", "no")
 PROGRESS = ("auto", "thread", "wait")
 TUNERS = ("auto", "memory", "off")  # or a directory for the tuner's cache file
 
@@ -145,6 +146,9 @@ class Settings:
     timeout: float = _setting(0.0, parse_seconds, "seconds without progress before giving up")
     reproducible: bool = _setting(False, lambda v, s: _switch(v), "fold in rank order, bitwise")
     wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")
+    oversubscribed: str = _setting("auto", _one_of(OVERSUBSCRIBED), "whether a node's ranks "
+                                   "outnumber the cores free to them: auto (their affinity "
+                                   "masks say), yes or no")  # fmt: skip
     progress: str = _setting("auto", _one_of(PROGRESS), "who carries out nonblocking calls")
     tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")

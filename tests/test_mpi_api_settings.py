@@ -13,6 +13,8 @@ from mpi4py import MPI
 
 import ringmpi
 import ringmpi._comm
+from ringmpi import _host
+from ringmpi.algorithms import shared
 
 pytestmark = pytest.mark.mpi
 
@@ -85,6 +87,30 @@ def test_wait_auto_sleeps_only_on_a_crowded_node(environ):
     sleepy = ringmpi._comm.context(comm).sleepy
     comm.Free()
     agree(WORLD, [] if sleepy == _crowded() else [f"sleepy is {sleepy} on this node"])
+
+
+@pytest.mark.parametrize("said", ["auto", "yes", "no"])
+def test_oversubscribed_sets_the_shared_windows_pieces(environ, said):
+    """RINGMPI_OVERSUBSCRIBED: yes gives shared_memory's window pieces of
+    CROWDED_SET_BYTES, no of SET_BYTES, auto as the node's affinity masks say (more
+    ranks than the cores they hold: crowded); the result exact either way, here over
+    two crowded pieces."""
+    environ.set("RINGMPI_OVERSUBSCRIBED", said)
+    comm = WORLD.Dup()
+    count = 600_000
+    got = ringmpi.allreduce(inputs(count), comm=comm, algorithm="shared_memory")
+    problems = mismatch("result", got, expected(count))
+    node = ringmpi._comm.context(comm).node
+    crowded = node.Get_size() > len(frozenset().union(*node.allgather(_host.affinity())))
+    want = (
+        shared.CROWDED_SET_BYTES
+        if said == "yes" or (said == "auto" and crowded)
+        else shared.SET_BYTES
+    )
+    took = ringmpi._comm.context(comm).state(shared.SHARED_MEMORY).set_bytes
+    problems += [] if took == want else [f"pieces of {took} bytes, not {want}"]
+    comm.Free()
+    agree(WORLD, problems)
 
 
 def test_wait_unknown_policy(environ):

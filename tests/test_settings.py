@@ -18,7 +18,8 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
         ["RINGMPI_ALGORITHM", "RINGMPI_TUNING", "RINGMPI_RANKS_PER_NODE",
          "RINGMPI_NODE_PLACEMENT", "RINGMPI_VALIDATE", "RINGMPI_SEGMENT_BYTES",
          "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_ACROSS", "RINGMPI_TIMEOUT",
-         "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_PROGRESS", "RINGMPI_TUNER",
+         "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_OVERSUBSCRIBED", "RINGMPI_PROGRESS",
+         "RINGMPI_TUNER",
          "RINGMPI_RETUNE_DAYS", "RINGMPI_LEASE", "RINGMPI_THREADS"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})

@@ -65,7 +65,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _direct, _host, _trace
+from .. import _direct, _host, _settings, _trace
 from .._capi import (
     CELL_IN_PLACE,
     CELL_OWN,
@@ -475,15 +475,18 @@ def warm(kinds) -> None:
     _direct.warm()
 
 
-def set_bytes(node: MPI.Intracomm) -> int:
+def set_bytes(node: MPI.Intracomm, oversubscribed: str = "auto") -> int:
     """The bytes of each set of ``node``'s window (collective over the node):
     SET_BYTES, or where the node's ranks outnumber the cores their affinity masks
-    hold, CROWDED_SET_BYTES, halved while every rank's window would take more than
-    a quarter of the shared memory's free space (toward SET_BYTES at least)."""
-    seen = node.allgather((_host.affinity(), _shm_room()))
-    if node.Get_size() <= len(frozenset().union(*(mask for mask, _ in seen))):
+    hold (or the ``oversubscribed`` setting of the node's first rank says "yes"),
+    CROWDED_SET_BYTES, halved while every rank's window would take more than a
+    quarter of the shared memory's free space (toward SET_BYTES at least)."""
+    seen = node.allgather((_host.affinity(), _shm_room(), oversubscribed))
+    said = seen[0][2]
+    cores = len(frozenset().union(*(mask for mask, _, _ in seen)))
+    if said == "no" or (said == "auto" and node.Get_size() <= cores):
         return SET_BYTES
-    room = min(free for _, free in seen) // (4 * node.Get_size())
+    room = min(free for _, free, _ in seen) // (4 * node.Get_size())
     size = CROWDED_SET_BYTES
     while size > SET_BYTES and _HEADER + 2 * size > room:
         size //= 2
@@ -522,7 +525,7 @@ class _Node:
             )
         ctx.arrive(ctx.node, "shared_memory: allocating the node's window", timeout)
         self.node = ctx.node
-        self.set_bytes = set_bytes(ctx.node)
+        self.set_bytes = set_bytes(ctx.node, _settings.current().oversubscribed)
         self.capacity = _HEADER + 2 * self.set_bytes
         self.win, flat = node_window(ctx.node, self.capacity)
         self.flat = flat

@@ -285,8 +285,9 @@ def _run(
     (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once or
     at its first repeat; None where it is not to be repeated so (a validated call, a
     trial of auto's tuner)."""
-    if _WINDOWS and algorithm == "auto" and algorithms.symmetric.pays(recv, send, count, red):
-        algorithm = "symmetric"  # window-resident arrays: read where they lie
+    if (_WINDOWS and algorithm == "auto" and _settings.current().algorithm == "auto"
+            and algorithms.symmetric.pays(recv, send, count, red)):  # fmt: skip
+        algorithm = "symmetric"  # window-resident arrays: read where they lie (as auto)
     if (algorithm == "auto" and not validate and recv.flags.c_contiguous
             and (send is None or send.flags.c_contiguous)):  # fmt: skip
         leased = algorithms.lease(comm, count * recv.itemsize, red, reproducible, timeout)

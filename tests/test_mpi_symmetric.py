@@ -91,6 +91,20 @@ def test_auto_reads_window_arrays_where_it_pays(monkeypatch):
     assert "symmetric" not in ran[1:]  # ordinary memory, or below AUTO_FROM_BYTES
 
 
+def test_the_algorithm_setting_overrides_auto_for_window_arrays_too(monkeypatch, environ):
+    """RINGMPI_ALGORITHM overrides auto, also where auto would read window-resident
+    arrays where they lie."""
+    monkeypatch.setattr(symmetric, "AUTO_FROM_BYTES", 4096)
+    environ.set("RINGMPI_ALGORITHM", "ring")
+    x = ringmpi.empty(2048, np.int32)
+    mine, exact = _inputs(2048, np.int32)
+    x[...] = mine
+    with ringmpi.trace() as t:
+        ringmpi.Allreduce(MPI.IN_PLACE, x)
+    assert np.array_equal(x, exact)
+    assert t.ran == ["ring"]
+
+
 def test_ranks_whose_arrays_lie_at_other_places_all_raise():
     if N == 1:
         pytest.skip("one rank: nothing to disagree with")

@@ -12,7 +12,8 @@ import platform
 
 from . import _settings
 
-__all__ = ["cores_share", "cpu_model", "describe", "last_level_cache", "threads"]
+__all__ = ["affinity", "cores_held", "cores_share", "cpu_model", "describe", "last_level_cache",
+           "threads"]  # fmt: skip
 
 
 def cpu_model() -> str:
@@ -46,6 +47,12 @@ def cores_share(masks: list[frozenset[int]], mine: int) -> int:
         for cpu in mask:
             held[cpu] = held.get(cpu, 0) + 1
     return max(1, int(sum(1.0 / held[cpu] for cpu in masks[mine]) + 1e-9))
+
+
+def cores_held(masks: list[frozenset[int]]) -> int:
+    """The cores that a node's ranks with affinity ``masks`` may run on between them:
+    fewer than its ranks, and the node is oversubscribed."""
+    return len(frozenset().union(*masks))
 
 
 def affinity() -> frozenset[int]:

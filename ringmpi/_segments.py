@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["PREFIXES", "SHM", "release_mapped"]
+__all__ = ["PREFIXES", "SHM", "mapped", "release_mapped"]
 
 SHM = "/dev/shm"
 # How the MPI libraries name their segments: MPICH's, Open MPI's (its sm and
@@ -21,20 +21,30 @@ SHM = "/dev/shm"
 PREFIXES = ("mpich_shm_", "sm_segment.", "vader_segment.", "shm-col-space-", "Intel_MPI_")
 
 
+def mapped(maps: str = "/proc/self/maps", shm: str = SHM, unlinked: bool = True) -> set[str]:
+    """The names of the files in ``shm`` that a process maps, read from its ``maps``
+    file (none where it cannot be read); ``unlinked``: those already removed too."""
+    prefix = shm.rstrip("/") + "/"
+    names = set()
+    with contextlib.suppress(OSError), open(maps) as fh:
+        for line in fh:
+            at = line.find(prefix)
+            if at < 0:
+                continue
+            name = line[at + len(prefix) :].rstrip("\n")
+            if name.endswith(" (deleted)") and not unlinked:
+                continue
+            names.add(name.removesuffix(" (deleted)"))
+    return names
+
+
 def release_mapped() -> list[str]:
     """Unlink the MPI segments this process maps (for an abort: the job ends); their
     names. Other files in ``/dev/shm``, a program's own among them, stay."""
-    prefix = SHM + "/"
-    mapped = set()
-    with contextlib.suppress(OSError), open("/proc/self/maps") as fh:
-        for line in fh:
-            at = line.find(prefix)
-            if at >= 0 and not line.rstrip().endswith("(deleted)"):
-                mapped.add(line[at + len(prefix) :].rstrip("\n"))
     gone = []
-    for name in sorted(mapped):
+    for name in sorted(mapped(unlinked=False)):
         if name.startswith(PREFIXES):
             with contextlib.suppress(OSError):
-                os.unlink(prefix + name)
+                os.unlink(f"{SHM}/{name}")
                 gone.append(name)
     return gone

@@ -65,7 +65,7 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _direct, _host, _settings, _trace
+from .. import _direct, _host, _segments, _settings, _trace
 from .._capi import (
     CELL_IN_PLACE,
     CELL_OWN,
@@ -483,7 +483,7 @@ def set_bytes(node: MPI.Intracomm, oversubscribed: str = "auto") -> int:
     quarter of the shared memory's free space (toward SET_BYTES at least)."""
     seen = node.allgather((_host.affinity(), _shm_room(), oversubscribed))
     said = seen[0][2]
-    cores = len(frozenset().union(*(mask for mask, _, _ in seen)))
+    cores = _host.cores_held([mask for mask, _, _ in seen])
     if said == "no" or (said == "auto" and node.Get_size() <= cores):
         return SET_BYTES
     room = min(free for _, free, _ in seen) // (4 * node.Get_size())
@@ -494,9 +494,9 @@ def set_bytes(node: MPI.Intracomm, oversubscribed: str = "auto") -> int:
 
 
 def _shm_room() -> int:
-    """Free bytes where MPI keeps shared windows (/dev/shm); plenty where unknown."""
+    """Free bytes where MPI keeps shared windows; plenty where unknown."""
     try:
-        st = os.statvfs("/dev/shm")
+        st = os.statvfs(_segments.SHM)
     except OSError:
         return 1 << 62
     return st.f_bavail * st.f_frsize

@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _direct, _settings, _trace, algorithms, tuning
+from ringmpi import _direct, _host, _settings, _trace, algorithms, tuning
 from ringmpi._comm import Context, context, sleepy_barrier
 from ringmpi._copy import copy
 from ringmpi._errors import abort_on_error
@@ -270,8 +270,7 @@ def _cores(ctx: Context) -> dict:
     """The busiest node (most ranks per core): its ranks, its cores online, and the
     cores its ranks may run on (the union of their affinities), collectively."""
     online = os.sysconf("SC_NPROCESSORS_ONLN")
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(online)
-    usable = len(set().union(*ctx.node.allgather(sorted(cpus))))
+    usable = _host.cores_held(ctx.node.allgather(_host.affinity()))
     ranks = ctx.node.Get_size()
     mine = (ranks / usable, ranks, online, usable) if ctx.node.Get_rank() == 0 else None
     _, ranks, online, usable = max(n for n in ctx.comm.allgather(mine) if n is not None)
@@ -388,6 +387,14 @@ def _unwritable(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _sets(nbytes: int, cache: int, node_ranks: int, rows: int) -> int:
+    """The sets of buffers a size's calls rotate over: one, or with ``--off-cache``
+    (``cache`` bytes) enough to touch it twice, as the remembered calls allow."""
+    if not cache:
+        return 1
+    return buffer_sets(nbytes, cache, node_ranks, max(1, min(_MOST_SETS, _MOST_REMEMBERED // rows)))
+
+
 # What a rank holds beside its buffers once the kernels are compiled and the
 # library's own collective has run (its temporary buffers; Numba's compiler).
 _HELD = 256 << 20
@@ -398,13 +405,8 @@ def _too_large(args: argparse.Namespace, sizes: list[tuple[int, int]], red: Any,
     """Why the sweep's largest size cannot fit in the memory a rank may still take,
     naming the flags; None where it fits. A rank holds, per set of buffers, a send
     and a receive buffer of the size, and the check's comparison, a byte an element."""
-    need = 0
-    for count, nbytes in sizes:
-        sets = 1
-        if cache:
-            most = max(1, min(_MOST_SETS, _MOST_REMEMBERED // len(entries)))
-            sets = buffer_sets(nbytes, cache, node_ranks, most)
-        need = max(need, 2 * nbytes * sets + count)
+    need = max(2 * nbytes * _sets(nbytes, cache, node_ranks, len(entries)) + count
+               for count, nbytes in sizes)  # fmt: skip
     why = _memory.shortfall(need + _HELD, node_ranks)
     if why is None:
         return None
@@ -754,10 +756,7 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
         if not cores["oversubscribed"]:
             copy_bw = _copy_bandwidth(comm, ctx, send, recv)
             stream_bw = _copy_bandwidth(comm, ctx, send, recv, streaming=True)
-        sets = 1
-        if cache:
-            most = max(1, min(_MOST_SETS, _MOST_REMEMBERED // len(entries)))
-            sets = buffer_sets(nbytes, cache, cores["node_ranks"], most)
+        sets = _sets(nbytes, cache, cores["node_ranks"], len(entries))
         # Each set's send holds the same verifiable inputs, so every call's result is
         # the checked one.
         sends = [send] + [send.copy() for _ in range(sets - 1)]

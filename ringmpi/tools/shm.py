@@ -56,11 +56,7 @@ def in_use(shm: Path = SHM, but: int | None = None) -> set[str]:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == but:
             continue
-        with contextlib.suppress(OSError):
-            for line in (proc / "maps").read_text().splitlines():
-                at = line.find(prefix)
-                if at >= 0:
-                    used.add(line[at + len(prefix) :].removesuffix(" (deleted)"))
+        used |= _segments.mapped(str(proc / "maps"), str(shm))
         with contextlib.suppress(OSError):
             for fd in (proc / "fd").iterdir():
                 with contextlib.suppress(OSError):

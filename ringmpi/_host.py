@@ -12,8 +12,8 @@ import platform
 
 from . import _settings
 
-__all__ = ["affinity", "cores_held", "cores_share", "cpu_model", "describe", "last_level_cache",
-           "threads"]  # fmt: skip
+__all__ = ["affinity", "busy", "cores_held", "cores_share", "cpu_model", "describe",
+           "last_level_cache", "runnable", "threads"]  # fmt: skip
 
 
 def cpu_model() -> str:
@@ -53,6 +53,27 @@ def cores_held(masks: list[frozenset[int]]) -> int:
     """The cores that a node's ranks with affinity ``masks`` may run on between them:
     fewer than its ranks, and the node is oversubscribed."""
     return len(frozenset().union(*masks))
+
+
+def runnable() -> int:
+    """Threads runnable on this machine at this moment, this one among them (Linux's
+    ``/proc/loadavg``); 0 where the system does not say."""
+    try:
+        with open("/proc/loadavg") as fh:
+            return int(fh.read().split()[3].partition("/")[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def busy(seen: list[int], node_ranks: int) -> bool:
+    """Whether a node was busy with others' work where its ranks saw ``seen``
+    (:func:`runnable`, sampled): by the median sample, at least two threads more
+    runnable than the node has cores or its own ranks take (one more comes and goes:
+    a launcher's, the kernel's)."""
+    if not seen:
+        return False
+    ordered = sorted(seen)
+    return ordered[len(ordered) // 2] > max(os.cpu_count() or 1, node_ranks) + 1
 
 
 def affinity() -> frozenset[int]:

@@ -148,7 +148,7 @@ class Settings:
     wait: str = _setting("auto", _one_of(WAITS), "how waiting ranks wait: spin or sleep")
     oversubscribed: str = _setting("auto", _one_of(OVERSUBSCRIBED), "whether a node's ranks "
                                    "outnumber the cores free to them: auto (their affinity "
-                                   "masks say), yes or no")  # fmt: skip
+                                   "masks and the node's load say), yes or no")  # fmt: skip
     progress: str = _setting("auto", _one_of(PROGRESS), "who carries out nonblocking calls")
     tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")

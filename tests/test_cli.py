@@ -456,12 +456,60 @@ def test_the_header_says_cores_and_where_autos_choices_come_from(tmp_path):
     for text in said:
         assert f"# cores: {online} online per node, 1 in the ranks' affinity" in text
         assert "# oversubscribed: 2 ranks share 1 core on a node:" in text
+        assert "# there shared_memory hands a buffer on in pieces of up to 4 MiB, not 128 KiB:" \
+            in text  # fmt: skip
     assert f"# auto's choices: tuned in this run (no tuner file yet; the choices are kept in " \
            f"{path})" in said[0]  # fmt: skip
     assert re.search(rf"# auto's choices: the tuner's file {re.escape(str(path))}, last "
                      r"written \d+ s ago;", said[1])  # fmt: skip
     off = run(2, "-b", "8", "-e", "8", "-n", "1", "-a", "auto", env={"RINGMPI_TUNER": "off"})
     assert "# auto's choices: the cost model alone (RINGMPI_TUNER=off)" in _said(off.stdout)
+
+
+@pytest.mark.family  # it starts mpirun
+def test_a_class_tuned_while_the_node_is_busy_is_not_saved(tmp_path):
+    # Real load: more CPU-bound processes than the node has cores and ranks, so that
+    # more threads are runnable than it can run.
+    hogs = [subprocess.Popen([PY, "-c", "while True: pass"])
+            for _ in range(max(os.cpu_count() or 1, 2) + 2)]  # fmt: skip
+    try:
+        outs = []
+        for said in ("auto", "no"):
+            cache = tmp_path / said
+            out = tmp_path / f"{said}.json"
+            p = run(2, "-b", "8", "-e", "64", "-n", "1", "-w", "0", "-a", "auto",
+                    "--json", str(out),
+                    env={"RINGMPI_TUNER": str(cache), "RINGMPI_OVERSUBSCRIBED": said})  # fmt: skip
+            assert p.returncode == 0, p.stdout + p.stderr
+            rows = json.loads(out.read_text())["rows"]
+            outs.append((p.stdout, rows, cache / f"allreduce-{socket.gethostname()}.json"))
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    (busy, rows, path), (_, known_rows, known_path) = outs
+    # auto: tuned on a busy node, run, and not written
+    assert [(r["tuned_in_this_run"], r["tuned_on_a_busy_node"]) for r in rows] == [(True, True)] * 2
+    assert "# auto tuned in this run at: 8 (node busy: not saved), 64 (node busy: not saved)" \
+        in busy  # fmt: skip
+    assert not path.exists()
+    # the setting says the node's state is known: written as ever
+    assert [r["tuned_on_a_busy_node"] for r in known_rows] == [False] * 2
+    classes = next(iter(json.loads(known_path.read_text())["layouts"].values()))
+    assert sorted(classes) == ["4", "7"]
+
+
+def test_a_node_is_busy_where_more_threads_are_runnable_than_cores_and_ranks():
+    from ringmpi import _host
+
+    cores = os.cpu_count() or 1
+    assert _host.runnable() >= 1  # this thread, where Linux says
+    assert not _host.busy([], 1)
+    assert not _host.busy([cores + 1] * 3, 1)  # one more than the cores comes and goes
+    assert not _host.busy([cores + 2, cores, cores], 1)  # the median
+    assert _host.busy([cores + 2, cores + 2, cores + 9], 1)
+    assert not _host.busy([cores + 4] * 3, cores + 3)  # the node's own ranks, and one
+    assert _host.busy([cores + 5] * 3, cores + 3)
 
 
 @pytest.mark.family  # MPI in this process

@@ -93,8 +93,14 @@ SKIPPED: dict[str, str] = {
     ),
     "RINGMPI_TUNER=memory mpirun -n 4 python -m ringmpi.allreduce -b 16 -e 16M -f 16 -n 7 "
     "-a auto,mpi": "4 ranks with the tuner's trials at every size: over a minute on 2 cores",
+    "RINGMPI_TUNER=memory mpirun -n 4 python -m ringmpi.allreduce -b 16 -e 16M -f 16 -n 7 "
+    "-a all": "4 ranks, every algorithm and the tuner's trials at every size: over a minute",
+    "RINGMPI_TUNER=memory mpirun -n 4 python -m ringmpi.allreduce -b 16 -e 16M -f 16 -n 7 "
+    "-a chain,symmetric,rabenseifner_hybrid,mpi": "4 ranks, four rows to 16 MiB: over a minute",
     # more ranks than the 2-4 this test runs
     "mpirun -n 64 python -m ringmpi.allreduce": "64 ranks",
+    "RINGMPI_TUNER=memory mpirun -n 64 python -m ringmpi.allreduce -a "
+    "all,chain,symmetric,rabenseifner_hybrid": "64 ranks, every algorithm: about 5 minutes",
     "mpirun -n 8 python -m ringmpi.allreduce -d float64 -o max -a ring,mpi --json out.json": (
         "8 ranks"
     ),

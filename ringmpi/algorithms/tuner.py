@@ -18,6 +18,14 @@ beat the library's call by less than SECOND_ROUND_MARGIN, the two are timed
 again first (a second round), and the ranks decide on both rounds' calls. From
 then on auto's choice for the class is one lookup, as it was before tuning.
 
+Trials time the node as it is. Where other work kept the node busy while they ran
+(more threads runnable than the node has cores and ranks take, and one more, at
+most of every fourth trial call: :func:`ringmpi._host.busy`, agreed in the same
+collective), the winner holds for this run but is not written to the
+file: the next run, on a quieter node, tries the class again. The
+``oversubscribed`` setting, ``yes`` or ``no``, says the node's state is known:
+then every winner is written.
+
 The winners go to a cache file per machine, MPI library and layout (rank 0
 writes it, atomically), so that the next run starts tuned; the layout names the
 host (CPU model, last-level cache, cores: a machine name that moved to other
@@ -108,6 +116,7 @@ class _Trials:
     # seconds added to each candidate's median: what a repeat of it pays in Python
     # (the API's Python repeat path) that its trials, which time `again`, do not
     charged: list[float] = field(default_factory=list)
+    runnable: list[int] = field(default_factory=list)  # the node's load, sampled (_host.runnable)
 
     def __post_init__(self) -> None:
         self.times = self.times or [[] for _ in self.names]
@@ -146,6 +155,8 @@ class Trial:
         """The candidate's call (``more``: a half's counts), timed from the second round."""
         trials, i = self.trials, self.trials.calls % len(self.trials.names)
         timed = trials.calls >= trials.untimed  # each candidate's first call is untimed
+        if trials.calls % 4 == 0:  # the node's load, outside the timed call
+            trials.runnable.append(_host.runnable())
         if _trace._active or more:  # traced (the trace counts its sends), or a half
             if timed:
                 _together(ctx, timeout)
@@ -213,6 +224,7 @@ class Tuner:
         self.trying: dict[Key, _Trials] = {}
         self.path = cache_file(settings)
         self.known: dict[Key, str] = _load(ctx, self.path, layout, settings.retune_days)
+        self.busy: set[Key] = set()  # classes settled on a busy node: not in the file
 
     def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
                collective: str = "allreduce"):  # fmt: skip
@@ -237,11 +249,16 @@ class Tuner:
         """Agree on the trials' timings (one collective) and keep the winner; or, where
         one of ringmpi's own beat the library by less than SECOND_ROUND_MARGIN, time
         the two again first."""
-        mine = np.array([float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
-                                                                  strict=True)])  # fmt: skip
-        slowest = np.empty_like(mine)
-        library_allreduce(ctx, mine, slowest, MPI.MAX, timeout,
+        trials.runnable.append(_host.runnable())
+        seen = self.settings.oversubscribed == "auto"  # yes or no: the node's state is known
+        busy = seen and _host.busy(trials.runnable, ctx.node.Get_size())
+        medians = [float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
+                                                          strict=True)]  # fmt: skip
+        mine = np.array([*medians, busy])
+        agreed = np.empty_like(mine)
+        library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on its trials")  # fmt: skip
+        slowest, busy = agreed[:-1], bool(agreed[-1])
         winner = trials.names[int(np.argmin(slowest))]
         if "mpi" in trials.names:  # the library's call, unless clearly beaten
             library = slowest[trials.names.index("mpi")]
@@ -254,7 +271,9 @@ class Tuner:
         del self.trying[klass]
         times = dict(zip(trials.names, slowest.tolist(), strict=True))
         _trace.record_tuned(_size_class(klass), winner, times)
-        if ctx.rank == 0 and self.path is not None:
+        if busy:
+            self.busy.add(klass)
+        elif ctx.rank == 0 and self.path is not None:
             _store(self.path, self.layout, klass, winner, times)
 
 
@@ -265,7 +284,8 @@ def _second_round(trials: _Trials, winner: str) -> _Trials:
     return _Trials([trials.names[i] for i in pair], trials.timed, second=True,
                    repeats=trials.repeats, leads=trials.leads,
                    times=[list(trials.times[i]) for i in pair],
-                   charged=[trials.charged[i] for i in pair])  # fmt: skip
+                   charged=[trials.charged[i] for i in pair],
+                   runnable=trials.runnable)  # fmt: skip
 
 
 def tuner(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> Tuner:

@@ -36,7 +36,7 @@ from ringmpi import _direct, _host, _settings, _trace, algorithms, tuning
 from ringmpi._comm import Context, context, sleepy_barrier
 from ringmpi._copy import copy
 from ringmpi._errors import abort_on_error
-from ringmpi.algorithms import tuner
+from ringmpi.algorithms import shared, tuner
 from ringmpi.algorithms.hierarchical import layout, window_choice
 from ringmpi.kernels import AVG, OPS, op_from_name, reduction
 from ringmpi.verify import count_wrong, verify_inputs
@@ -427,6 +427,7 @@ class _Run:
     traced: _trace.Trace | None  # None for the MPI baseline, whose traffic ringmpi cannot see
     iters: int
     tuned: bool  # auto's trials ran at this size, in this run
+    busy: bool  # ... while the node was busy: the choice is not saved to the tuner's file
     times: list[float] = field(default_factory=list)
 
 
@@ -475,6 +476,8 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
                 call()
                 tuned = True
         chosen = RAW if raw else algorithms.choose("auto", nbytes, ctx, red, ordered).name
+        klass = nbytes.bit_length()
+        busy = tuned and ctx.tuner is not None and bool({klass, -klass} & ctx.tuner.busy)
         ctx.barrier()
         t0 = time.perf_counter()
         with _trace.trace() as t:
@@ -501,6 +504,7 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
         traced=None if raw or not algorithms.get(chosen).own else t,
         iters=max(iters, 1),
         tuned=tuned,
+        busy=busy,
         # A call too slow for two in the budget is timed once: the last one.
         times=[took] if iters == 0 else [],
     )
@@ -703,6 +707,15 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
             _say(f"oversubscribed: {cores['node_ranks']} ranks share {usable} "
                  f"core{'s' if usable > 1 else ''} on a node: ranks wait for a core, so "
                  "times are the scheduler's more than the algorithm's, and noisy")  # fmt: skip
+            if now.oversubscribed != "no":
+                _say(f"there shared_memory hands a buffer on in pieces of up to "
+                     f"{format_size(shared.CROWDED_SET_BYTES, long=True)}, not "
+                     f"{format_size(shared.SET_BYTES, long=True)}: a rank the scheduler puts aside "
+                     "costs a few handoffs a call (RINGMPI_OVERSUBSCRIBED=no: the small "
+                     "pieces)")  # fmt: skip
+        elif now.oversubscribed == "yes":
+            _say(f"RINGMPI_OVERSUBSCRIBED=yes: shared_memory hands a buffer on in pieces of "
+                 f"up to {format_size(shared.CROWDED_SET_BYTES, long=True)}")  # fmt: skip
         print(f"# MPI: {_library()} (MPI {'{}.{}'.format(*MPI.Get_version())})")
         print(f"# mpi4py {__import__('mpi4py').__version__}, numba {numba.__version__}, "
               f"numpy {np.__version__}")  # fmt: skip
@@ -794,8 +807,10 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
             row["buffer_sets"] = sets
             if entry.base == "auto":
                 row["tuned_in_this_run"] = run.tuned
+                row["tuned_on_a_busy_node"] = run.busy
                 if run.tuned:
-                    tuned.append(format_size(nbytes))
+                    tuned.append(format_size(nbytes) + (" (node busy: not saved)" if run.busy
+                                                        else ""))  # fmt: skip
             if "hierarchical" in run.label and ":" not in entry.name:
                 row["window"] = _window_note(ctx, nbytes)
             rows.append(row)

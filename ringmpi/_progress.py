@@ -57,7 +57,7 @@ from ._capi import (
 
 __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "in_job", "mode",
            "own_cores", "progressed", "set_handle", "spare_core", "start", "threaded",
-           "threads_allowed"]  # fmt: skip
+           "threads_allowed", "warm"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -731,3 +731,9 @@ class _Mpix:
 
 
 _MPIX = _Mpix()
+
+
+def warm() -> None:
+    """Load what the completion calls' requests run (MPI's generalized requests'
+    callbacks, compiled by Numba), as a first nonblocking call would."""
+    _MPIX.usable()

@@ -20,11 +20,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _api, _halves, _progress, _repeat, _settings, _trace
+from . import _api, _halves, _progress, _repeat, _settings, _trace, algorithms
 from ._cache import Bounded, derived
 from ._comm import check_comm, context
 from ._errors import RingMPIError
-from .kernels import AVG
+from .kernels import AVG, Reduction
 
 __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
            "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
@@ -61,7 +61,8 @@ class Prepared:
     with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
     the library's own request for it (its ``*_init`` or its nonblocking call)."""
 
-    __slots__ = ("comm", "ctx", "library", "name", "run", "settled", "step", "timeout")
+    __slots__ = ("after_lease", "comm", "ctx", "left", "library", "name", "run", "settled",
+                 "step", "timeout")  # fmt: skip
 
     def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
                  library: Callable[[bool], Any]) -> None:  # fmt: skip
@@ -77,6 +78,10 @@ class Prepared:
         # a wait: Test carries it as far as it goes, Wait on to its end.
         self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
         self.ctx: Any = None  # the communicator's Context, once started
+        # The cell of calls left of the lease of auto's call (algorithms.leased): while
+        # calls are left, a start is the library's request, counted off.
+        self.left: np.ndarray | None = None
+        self.after_lease: Callable[[], bool] | None = None  # then: whether ringmpi's
 
     def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
@@ -88,21 +93,27 @@ class Prepared:
         return _progress.start(ctx, _progress.Job(self.run, step=self.step), into=into)
 
 
-def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float) -> bool:
+def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float,
+         red: Reduction | None = None, ordered: bool = False,
+         validate: bool = False) -> bool:  # fmt: skip
     """Whether ringmpi's call, not the library's request, carries out a call of ``nbytes``
-    it can run: always for a named algorithm; under auto (unless a timeout is set,
-    which the library's request cannot honour) not for buffers below
-    :func:`own_from_bytes`, for which the request's own cost outweighs what ringmpi
-    saves, nor where neither a thread nor the completion calls can carry it out
-    (:func:`_progress.mode`)."""
-    if algorithm == "mpi":
-        return False
-    return not (
-        algorithm == "auto"
-        and op is not AVG
-        and not timeout
-        and (nbytes < own_from_bytes() or _progress.mode(context(comm, timeout)) == "library")
-    )
+    of ``red`` it can run. The algorithm is the argument, else the ``algorithm``
+    setting, as for the blocking call: "mpi" never, a named one always. Under auto,
+    ringmpi's call wherever the blocking call would not run the library's: with a
+    timeout (which the library's request cannot honour), validation, the rank-order
+    fold of ``ordered`` (reproducible) floating data, AVG, and reductions whose
+    answer the library's call does not give (:func:`~ringmpi.algorithms.library_agrees`).
+    Otherwise the library's request for buffers below :func:`own_from_bytes`, for
+    which the request's own cost outweighs what ringmpi saves, and where neither a
+    thread nor the completion calls can carry the call out (:func:`_progress.mode`)."""
+    if algorithm == "auto":
+        algorithm = _settings.current().algorithm
+    if algorithm != "auto":
+        return algorithm != "mpi"
+    if (op is AVG or timeout or validate or not algorithms.library_agrees(red)
+            or (ordered and red is not None and algorithms.order_matters(red))):  # fmt: skip
+        return True
+    return not (nbytes < own_from_bytes() or _progress.mode(context(comm, timeout)) == "library")
 
 
 def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout: float,
@@ -130,22 +141,29 @@ class Prequest(_progress.Completion, MPI.Prequest):
 
     _call: Prepared | None = None
     _library: Any = None  # the library's persistent request, once auto settled on it
+    _leased: Any = None  # the library's persistent request that the lease's starts start
 
     @classmethod
-    def made(cls, call: Prepared) -> MPI.Prequest:
-        """The persistent request of ``call``: the library's own, where it is the
-        library's call (it costs what the library's costs), else one of these."""
-        if call.run is None:
-            if _trace._active:
-                _trace.record_call("mpi")
-            return call.library(True)
+    def made(cls, call: Prepared) -> Prequest:
+        """The persistent request of ``call``: one of these, which starts the library's
+        own persistent request where it is the library's call."""
         request = cls()
         request._call = call
+        if call.run is None:
+            request._settle(call.library(True))
         return request
+
+    def _settle(self, library: MPI.Prequest) -> None:
+        """Start the library's persistent request ``library`` from now on, and complete
+        as it."""
+        self._library, self._job = library, None
+        _progress.set_handle(self, library.handle)
 
     def Start(self) -> None:
         library = self._library
-        if library is not None:  # settled on the library's own request: it alone starts
+        if library is not None:  # the library's own request: it alone starts
+            if _TRACES:
+                _trace.record_call("mpi")
             MPI.Prequest.Start(library)
             return
         call = self._call
@@ -154,13 +172,31 @@ class Prequest(_progress.Completion, MPI.Prequest):
         if self._job is not None and self:  # started, not completed by a Wait or Test (MPI's too)
             raise RingMPIError(f"Start: this {call.name} request is active: complete it "
                                "(Wait, Test) before starting it again")  # fmt: skip
+        left = call.left
+        if left is not None:
+            leased = self._leased
+            if left[0] > 0:  # a call of the lease: the library's request, counted off
+                left[0] -= 1
+                if leased is None:
+                    leased = self._leased = call.library(True)
+                self._job = None
+                _progress.set_handle(self, leased.handle)
+                if _TRACES:
+                    _trace.record_call("mpi")
+                MPI.Prequest.Start(leased)
+                return
+            call.left = None  # the lease is over: whose the starts are, decided now
+            assert call.after_lease is not None
+            if not call.after_lease():
+                self._leased = None
+                self._settle(leased if leased is not None else call.library(True))
+                self.Start()
+                return
         if call.settled is not None and call.settled():
             # The request keeps the library's persistent request from now on, as an
             # MPI persistent collective keeps the algorithm it was made with.
-            library = self._library = call.library(True)
-            MPI.Prequest.Start(library)
-            self._job = None
-            _progress.set_handle(self, library.handle)  # completed as the library's
+            self._settle(call.library(True))
+            self.Start()
             return
         call.start(self)
 
@@ -180,10 +216,11 @@ class Prequest(_progress.Completion, MPI.Prequest):
         """Release the request (completing a started call first)."""
         if self._job is not None:
             self.Wait()
-        if self._library is not None:
-            MPI.Prequest.Free(self._library)
-            self._library = None
-            _progress.set_handle(self, MPI.REQUEST_NULL.handle)
+        for mine in (self._library, self._leased):
+            if mine is not None:
+                MPI.Prequest.Free(mine)
+        self._library = self._leased = None
+        _progress.set_handle(self, MPI.REQUEST_NULL.handle)
         self._call = None
 
 
@@ -211,7 +248,10 @@ class _Made(NamedTuple):
     op: Any  # the reduction as MPI takes it
     comm: Any  # the checked communicator
     timeout: float
-    own: bool  # ringmpi's run, not the library's request
+    own: bool  # ringmpi's run, not the library's request (decided once the lease is over)
+    # Its class's lease's calls left, where auto's call is leased: its starts are the
+    # library's requests until none is left; then whose they are is decided (own).
+    left: np.ndarray | None
     keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
     ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
 
@@ -264,10 +304,27 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(made.comm, send, recvbuf, made.op)
 
-    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own else (None, None)
+    leased = made.left is not None
+    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own or leased else (None, None)
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
-    call.step, call.ctx = step, made.ctx
+    call.step, call.ctx, call.left = step, made.ctx, made.left
+    if leased:  # whose the starts after the lease are: decided as an Iallreduce's then
+        call.after_lease = lambda: _relet(sendbuf, recvbuf, op, comm, algorithm, validate,
+                                          timeout, reproducible).own  # fmt: skip
     return call
+
+
+def _relet(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
+           validate: bool | None, timeout: float | None,
+           reproducible: bool | None) -> _Made:  # fmt: skip
+    """A leased call's check once its lease is over: whose the call now is (and its
+    context, where ringmpi's), remembered in place of the leased one."""
+    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
+    made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                              reproducible)  # fmt: skip
+    if made.nbytes >= 0:
+        _latest.put(id(recvbuf), made)
+    return made
 
 
 def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
@@ -305,14 +362,21 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    own, ctx = False, None
+    own, ctx, left = False, None, None
     if not call.library:
-        assert call.recv is not None and isinstance(call.comm, MPI.Intracomm)
+        assert call.recv is not None and call.red is not None
+        assert isinstance(call.comm, MPI.Intracomm)
         nbytes = call.nitems * call.recv.itemsize
-        own = _own(call.comm, nbytes, op, algorithm, call.timeout)
-        ctx = context(call.comm, call.timeout) if own else None
+        contiguous = call.recv.flags.c_contiguous and (call.send is None
+                                                       or call.send.flags.c_contiguous)  # fmt: skip
+        if algorithm == "auto" and not call.validate and contiguous:  # as the blocking call
+            left = algorithms.leased(call.comm, nbytes, call.red, call.ordered, call.timeout)
+        if left is None:  # (a leased call needs no context: none is made before its end)
+            own = _own(call.comm, nbytes, op, algorithm, call.timeout, call.red, call.ordered,
+                       call.validate)  # fmt: skip
+            ctx = context(call.comm, call.timeout) if own else None
     made = _Made(_no_ref, None, (op, comm, algorithm, validate, timeout, reproducible),
-                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, keywords,
+                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, left, keywords,
                  ctx)  # fmt: skip
     if isinstance(recvbuf, np.ndarray) and (
         sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
@@ -356,6 +420,15 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     ):  # fmt: skip
         made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                reproducible)  # fmt: skip
+    left = made.left
+    if left is not None:
+        if left[0] > 0:  # a call of its class's lease: the library's, counted off
+            left[0] -= 1
+            if _TRACES:
+                _trace.record_call("mpi")
+            return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,
+                                       recvbuf, made.op)  # fmt: skip
+        made = _relet(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
     if not made.own:
         if _TRACES:
             _trace.record_call("mpi")

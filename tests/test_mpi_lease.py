@@ -112,26 +112,46 @@ def test_a_freed_communicator_forgets_its_leased_calls(settings):
 
 
 @pytest.mark.parametrize("progress", ["thread", "wait"])
-def test_a_nonblocking_call_never_runs_on_the_lease(settings, comm, progress):
-    """A nonblocking call's job runs on ringmpi's own communicator: on the user's, the
-    library's call could cross the program's own collectives (a thread, or a Test on
-    one rank and not on another, runs it at another time than the start)."""
+def test_nonblocking_and_persistent_calls_count_off_the_same_lease(settings, comm, progress):
+    """A nonblocking or persistent call of a leased class is the library's own request,
+    started on the user's communicator where the program starts it (so MPI orders
+    it among the program's own collectives), and counts off the lease the blocking
+    calls count off; once none is left, ringmpi's own call."""
     if comm.size == 1:
         pytest.skip("one rank: nothing to tune, no lease")
-    settings(tuner="memory", lease=100, progress=progress)
+    settings(tuner="memory", lease=8, progress=progress)
     mine, exact = _inputs(comm, 1 << 18)  # 1 MiB: ringmpi's own nonblocking call, not MPI's
     out = np.empty_like(mine)
     for _ in range(2):  # leased, and remembered: the C repeat path holds the leased call
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
     left = tuner.leases(comm, _settings.current()).left[mine.nbytes.bit_length()]
-    assert left[0] == 98
+    assert left[0] == 6
     problems = []
-    for i in range(3):
+    persistent = ringmpi.Allreduce_init(mine, out, MPI.SUM, comm)
+    with ringmpi.trace() as seen:
+        for i in range(3):
+            out[...] = 0
+            req = ringmpi.Iallreduce(mine, out, MPI.SUM, comm)
+            comm.Barrier()  # the program's own collective, while the call is under way
+            req.Wait()
+            if not np.array_equal(out, exact):
+                problems.append(f"nonblocking call {i} is not the exact sum")
+            out[...] = 0
+            persistent.Start()
+            comm.Barrier()
+            persistent.Wait()
+            if not np.array_equal(out, exact):
+                problems.append(f"persistent start {i} is not the exact sum")
+    if seen.ran != ["mpi"] * 6:
+        problems.append(f"the leased calls ran {seen.ran}")
+    if left[0] != 0:
+        problems.append(f"{left[0]} calls left of the lease, not 0")
+    for i in range(2):  # the lease is over: ringmpi's own calls (auto's trials first)
         out[...] = 0
-        req = ringmpi.Iallreduce(mine, out, MPI.SUM, comm)
-        comm.Barrier()  # the program's own collective, while the call may be under way
-        req.Wait()
+        ringmpi.Iallreduce(mine, out, MPI.SUM, comm).Wait()
+        persistent.Start()
+        persistent.Wait()
         if not np.array_equal(out, exact):
-            problems.append(f"nonblocking call {i} is not the exact sum")
+            problems.append(f"call {i} after the lease is not the exact sum")
+    persistent.Free()
     agree(comm, problems)
-    assert left[0] == 98  # not one of its calls counted off the lease

@@ -59,6 +59,7 @@ __all__ = [
     "get",
     "half_algorithms",
     "lease",
+    "leased",
     "library_agrees",
     "lookup",
     "names",
@@ -147,31 +148,47 @@ _settings.check_with("algorithm", lookup)
 _LIBRARY_MAX_BYTES = 1 << 31
 
 
-def lease(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
-          timeout: float = 0.0) -> tuple[Call, bool] | None:  # fmt: skip
-    """Where auto's call of ``nbytes`` of ``red`` on ``comm`` (the user's communicator)
-    runs the library's own MPI_Allreduce as its size class's lease: that call made
-    ready (its compiled code counts the class's calls off, and once none are left
-    sends nothing and returns STALE), and whether it was made just now; else None
-    (the call goes on to auto's choice). A class is leased where the tuner would try
-    it (the library among the candidates, every candidate giving the same bits) and
-    does not know it yet, for its first ``tuner.lease_calls`` calls
-    (:mod:`ringmpi.algorithms.tuner`); only calls that compiled code can make
-    (:func:`ringmpi.algorithms.mpi.direct`), and not inside a nonblocking call's job
-    (whose calls run on ringmpi's own communicator). Decided before the
+def leased(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
+           timeout: float = 0.0) -> np.ndarray | None:  # fmt: skip
+    """The cell of calls left of the lease of auto's call of ``nbytes`` of ``red`` on
+    ``comm`` (the user's communicator), where the call is in one: its size class is
+    untuned, the tuner would try it (the library's call among the candidates, every
+    candidate giving the same bits) and calls are left of its first
+    ``tuner.lease_calls`` (:mod:`ringmpi.algorithms.tuner`); else None. A leased
+    call runs the library's own call, on ``comm``, and counts itself off: the
+    blocking call from compiled code (:func:`lease`), a nonblocking or persistent
+    one as the library's request. Not with a timeout (the library's call cannot
+    honour it), nor for AVG (which divides after), nor inside a nonblocking call's
+    job (whose calls run on ringmpi's own communicator). Decided before the
     communicator's context is made: a class that never leaves its lease needs none."""
     settings = _settings.current()
-    if (settings.tuner == "off" or settings.algorithm != "auto" or red.half
-            or (reproducible and order_matters(red)) or _progress.in_job[0]):  # fmt: skip
+    if (settings.tuner == "off" or settings.algorithm != "auto" or red.half or timeout
+            or red.partials() is not red or (reproducible and order_matters(red))
+            or _progress.in_job[0]):  # fmt: skip
         return None
-    size, count = comm.Get_size(), nbytes // red.dtype.itemsize
+    size = comm.Get_size()
     if (size == 1 or nbytes >= _LIBRARY_MAX_BYTES or not library_agrees(red)
-            or not answers_agree(red, size) or not _mpi.direct(red, count, timeout)):  # fmt: skip
+            or not answers_agree(red, size)):  # fmt: skip
         return None
-    leases = _tuner.leases(comm, settings)
-    left = leases.left_of(comm, nbytes, settings)
-    if left[0] <= 0:
+    left = _tuner.leases(comm, settings).left_of(comm, nbytes, settings)
+    return left if left[0] > 0 else None
+
+
+def lease(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
+          timeout: float = 0.0) -> tuple[Call, bool] | None:  # fmt: skip
+    """Where auto's blocking call of ``nbytes`` of ``red`` on ``comm`` is in its size
+    class's lease (:func:`leased`) and compiled code can make the library's call
+    (:func:`ringmpi.algorithms.mpi.direct`): that call made ready (its compiled code
+    counts the class's calls off, and once none are left sends nothing and returns
+    STALE), and whether it was made just now; else None (the call goes on to auto's
+    choice)."""
+    count = nbytes // red.dtype.itemsize
+    if not _mpi.direct(red, count, timeout):
         return None
+    left = leased(comm, nbytes, red, reproducible, timeout)
+    if left is None:
+        return None
+    leases = _tuner.leases(comm, _settings.current())
     key = (red.tag, count)
     found = leases.calls.get(key)
     if found is not None:
@@ -295,6 +312,8 @@ def warm(red: Reduction | None = None, record: Algorithm | None = None,
         kinds = _engine.lane_kinds(red)
     if record is None or record.plan is not None:
         _engine.warm(kinds)
+    if record is None:  # the nonblocking calls' too
+        _progress.warm()
     for a in records() if record is None else [record]:
         if a.warm is not None:
             a.warm(kinds)

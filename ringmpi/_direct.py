@@ -70,7 +70,9 @@ __all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry
 STALE = -1
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
-# entry of recvbuf at address a is slot (a >> 4) & (_SLOTS - 1).
+# entry of a call on recvbuf at address a and comm at address c (None's where the
+# call names none) is slot ((a ^ c) >> 4) & (_SLOTS - 1): an array reduced on two
+# communicators in turn keeps a call for each.
 (IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES, PYTHON,
  OP_NAME, COMM_NAME, PENDING) = range(12)  # fmt: skip
 _HEADER = 12
@@ -192,10 +194,11 @@ class _Entries:
         _kept.clear()
 
 
-def slot(recvbuf: Any) -> int:
-    """The slot of the table a call on ``recvbuf`` (by its address) is remembered in:
-    one call per slot, so calls whose recvbufs share a slot evict each other's."""
-    return (id(recvbuf) >> 4) & (_SLOTS - 1)
+def slot(recvbuf: Any, comm: Any = None) -> int:
+    """The slot of the table a call on ``recvbuf`` and ``comm`` (as the call names it;
+    None where it names none) is remembered in, by their addresses: one call per
+    slot, so calls that share a slot evict each other's."""
+    return ((id(recvbuf) ^ id(comm)) >> 4) & (_SLOTS - 1)
 
 
 def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
@@ -214,7 +217,7 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
         holder.method.meth = compiled(_call)
         for own in _state["methods"]:
             own.method.meth = compiled(_call_method)
-    at = slot(recvbuf)
+    at = slot(recvbuf, comm)
     base = _HEADER + _WIDTH * at
 
     def gone(_ref: Any, slot: int = at, recv: int = id(recvbuf)) -> None:
@@ -379,7 +382,7 @@ def _lookup(table, pos, npos, kwnames, self_comm):
     if op == none:  # None means MPI.SUM
         op = peek(table + 8 * SUM_OBJ)
     recv = peek(pos + 8)
-    at = table + 8 * (_HEADER + _WIDTH * ((recv >> 4) & peek(table + 8 * MASK)))
+    at = table + 8 * (_HEADER + _WIDTH * (((recv ^ comm) >> 4) & peek(table + 8 * MASK)))
     if peek(at + 8 * RECV) != recv:
         return _MISS
     send, cells = peek(pos), peek(at + 8 * CELLS_AT)

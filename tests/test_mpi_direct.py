@@ -208,12 +208,34 @@ def test_a_read_only_sendbuf_is_read_in_c(through_python):
     agree(WORLD, problems)
 
 
+def test_an_array_reduced_on_two_communicators_in_turn_stays_in_c(through_python):
+    rows, cols = WORLD.Dup(), WORLD.Dup()  # a 2-D decomposition's two communicators
+    problems = []
+    recv = np.empty(16)
+    for _ in range(20):  # their slots may meet: another array then, until they do not
+        if _direct.slot(recv, rows) != _direct.slot(recv, cols):
+            break
+        recv = np.empty(16)
+    seen = []
+    for call in range(8):  # each remembered at its second call, then C for both
+        for comm in (rows, cols):
+            recv[...] = inputs(16, "float64", k=call)
+            ringmpi.Allreduce(MPI.IN_PLACE, recv, MPI.SUM, comm)
+            problems += mismatch(f"call {call}", recv, expected(16, "float64", k=call))
+        seen.append(len(through_python))
+    if seen[2] != seen[-1]:
+        problems.append(f"calls through Python after the second: {seen}")
+    rows.Free()
+    cols.Free()
+    agree(WORLD, problems)
+
+
 def test_entries_go_with_their_arrays_settings_and_traces(request, through_python, settings):
     problems = []
     a = np.empty(16)
     for _ in range(3):
         ringmpi.Allreduce(MPI.IN_PLACE, a)
-    slot = (id(a) >> 4) & (_direct._SLOTS - 1)
+    slot = _direct.slot(a)  # (the call names no comm)
     if slot not in _direct._kept:
         problems.append("no entry for a repeated call")
     del a

@@ -187,12 +187,12 @@ def _cannot(entry: _Entry, red: Any, op: Any, ordered: bool, where: str) -> str 
     return None
 
 
-def _views(arrays: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
+def _views(arrays: list[np.ndarray], n: int, comm: MPI.Intracomm) -> list[list[np.ndarray]]:
     """``n`` lists of views, one per row, each a view of every one of ``arrays``. The
     API remembers a call by its recvbuf object, and its C repeat path keeps one call
-    per slot of a table indexed by that object's address (ringmpi._direct): calls
-    that shared an object, or a slot, would evict each other's call at every call and
-    time the slower path."""
+    per slot of a table indexed by that object's address and ``comm``'s
+    (ringmpi._direct): calls that shared an object, or a slot, would evict each
+    other's call at every call and time the slower path."""
     views: list[list[np.ndarray]] = [[] for _ in range(n)]
     taken: set[int] = set()
     spare: list[np.ndarray] = []  # held until the views are chosen: no address comes again
@@ -200,7 +200,7 @@ def _views(arrays: list[np.ndarray], n: int) -> list[list[np.ndarray]]:
         for row in views:
             while True:
                 view = array.view()
-                slot = _direct.slot(view)
+                slot = _direct.slot(view, comm)
                 if slot not in taken:
                     break
                 spare.append(view)
@@ -783,7 +783,8 @@ def main(argv: list[str] | None = None, command: str = prog("allreduce")) -> int
             rates = ("" if copy_bw is None
                      else f": copy {copy_bw:.1f} GB/s, stream {stream_bw:.1f} GB/s")  # fmt: skip
             print(f"# {format_size(nbytes)}{rates}{on}", flush=True)
-        views = dict(zip((e.name for e in entries), _views(recvs, len(entries)), strict=True))
+        views = dict(zip((e.name for e in entries), _views(recvs, len(entries), comm),
+                         strict=True))  # fmt: skip
         calls = {e.name: [_caller(e, sends[k], views[e.name][k], op, comm) for k in range(sets)]
                  for e in entries}  # fmt: skip
         with _Ticker(f"size {format_size(nbytes)}", rank == 0):

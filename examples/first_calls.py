@@ -1,20 +1,26 @@
-"""The first calls on an untuned machine: auto's first 50 calls of a size against the library's.
+"""A program's first calls on an untuned machine: auto against the library and each algorithm.
 
     RINGMPI_TUNER=memory mpirun -n 2 python examples/first_calls.py [--calls 50]
+        [--sizes 8,64K,1M,16M,64M] [--against ring,...] [--off-cache-from 16M]
 
-Each size (float32 SUM, in place) on three new communicators, one for each
-form: 50 calls of ``ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)``, 50 of
-``ringmpi.Iallreduce(MPI.IN_PLACE, x, MPI.SUM, comm).Wait()`` and 50 of
-``comm.Allreduce(MPI.IN_PLACE, x)``, each call after a barrier, summed (each
-call's time the slowest rank's). A new communicator starts with no tuned choice
-and no window, as a program's first calls do; with ``RINGMPI_TUNER=memory`` no
-tuner file from an earlier run is read (a run with the default setting reads
-it, and starts tuned). The kernels are loaded first (``ringmpi.warm``), as
-they are once per machine, and ringmpi's modules imported. Prints the totals in ms, auto's ratio to the
-library, the nonblocking call's ratio to the blocking one, auto's first call
-and slowest call, what auto runs at the next call (one more, traced, untimed),
-and whether every call's result was the same on every rank, from call to call
-and from one form to the next.
+Each size (float32 SUM, in place) and each form of call on a new communicator of
+its own, one form after another, the order turning with the size: auto
+(``ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)``), its nonblocking call
+(``ringmpi.Iallreduce(...).Wait()``), the library's (``comm.Allreduce``, as a
+program calls it) and each named algorithm (``algorithm=name``). Every call
+comes after a barrier and is timed on the slowest rank. A new communicator starts
+with no tuned choice and no window, as a program's first calls do; with
+``RINGMPI_TUNER=memory`` no tuner file from an earlier run is read. The kernels
+are loaded first (``ringmpi.warm``) and ringmpi's modules imported, as they are
+once per machine and program. From ``--off-cache-from`` on, the calls take turns
+on as many buffers as make the ranks touch twice the last-level cache before one
+comes back (in place, never reset: each call doubles what the last left, exactly).
+
+Prints, per size and form: the first call (a communicator's first: its one-time
+costs), the sums of the next 10 and of the next ``--calls``, and for auto and its
+nonblocking call those sums over the library's and over the best form's. Every
+form's results must agree bit for bit, on every rank (at 2 ranks every algorithm
+adds one pair an element: the same bits).
 """
 
 from __future__ import annotations
@@ -26,10 +32,15 @@ import numpy as np
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import kernels
+from ringmpi import _host, kernels
 
-SIZES = [8, 64 << 10, 1 << 20, 16 << 20]
-FORMS = ["auto", "Iallreduce", "mpi4py"]
+AGAINST = ["ring", "recursive_doubling", "rabenseifner", "rabenseifner_hybrid", "chain",
+           "shared_memory", "hierarchical", "mpi"]  # fmt: skip
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def nbytes(text: str) -> int:
+    return int(text[:-1]) * UNITS[text[-1]] if text[-1] in UNITS else int(text)
 
 
 def call(form: str, x: np.ndarray, comm: MPI.Intracomm) -> None:
@@ -37,61 +48,80 @@ def call(form: str, x: np.ndarray, comm: MPI.Intracomm) -> None:
         ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)
     elif form == "Iallreduce":
         ringmpi.Iallreduce(MPI.IN_PLACE, x, MPI.SUM, comm).Wait()
-    else:
+    elif form == "library":
         comm.Allreduce(MPI.IN_PLACE, x)
+    else:
+        ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm, algorithm=form)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=50, help="calls of each (50)")
+    parser.add_argument("--calls", type=int, default=50, help="calls after the first (50)")
+    parser.add_argument("--sizes", default="8,64K,1M,16M,64M", help="bytes, comma list")
+    parser.add_argument("--against", default=",".join(AGAINST),
+                        help="named algorithms to time beside auto and the library")  # fmt: skip
+    parser.add_argument("--off-cache-from", default="16M", help="rotate buffers from here")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     ringmpi.warm(kernels.reduction(MPI.SUM, np.float32))
     assert ringmpi.Iallreduce  # its module imported, as a program's imports do
+    forms = ["auto", "Iallreduce", "library"] + [a for a in args.against.split(",") if a]
+    cache = _host.last_level_cache()
+    per_node = world.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
     if world.rank == 0:
-        print(f"{'bytes':>10} {'auto ms':>9} {'Iallreduce':>10} {'mpi4py ms':>10} "
-              f"{'ratio':>6} {'I/auto':>6} {'first ms':>9} {'slowest':>8}  auto ran       "
-              "same bits")  # fmt: skip
-    for i, nbytes in enumerate(SIZES):
+        print(
+            f"# {world.size} ranks; first call, then sums of the next 10 and {args.calls} "
+            "calls, ms (slowest rank); auto's ratios to the library's and to the best form"
+        )
+    for s, size in enumerate(nbytes(t) for t in args.sizes.split(",")):
         rng = np.random.default_rng(world.rank)
-        data = rng.standard_normal(nbytes // 4).astype(np.float32)
-        # The forms in turn: which goes first changes with the size.
-        order = FORMS[i % 3 :] + FORMS[: i % 3]
+        data = rng.standard_normal(size // 4).astype(np.float32)
+        sets = 1
+        if size >= nbytes(args.off_cache_from) and cache:
+            sets = max(2, -(-2 * cache // (size * per_node)))
+        order = forms[s % len(forms) :] + forms[: s % len(forms)]
         took: dict[str, list[float]] = {}
-        results: dict[str, bytes] = {}
-        same = True
+        bits: dict[str, bytes] = {}
         for form in order:
             comm = world.Dup()
-            x = np.empty_like(data)
-            first = None
+            xs = [data.copy() for _ in range(sets)]
             times = []
-            for _ in range(args.calls):
-                x[...] = data
+            for i in range(1 + args.calls):
+                x = xs[i % sets]
                 comm.Barrier()
                 t0 = time.perf_counter()
                 call(form, x, comm)
                 times.append(time.perf_counter() - t0)
-                first = x.tobytes() if first is None else first
-                same = same and x.tobytes() == first
-            took[form] = [world.allreduce(s, op=MPI.MAX) for s in times]
-            if form == "auto":  # one more call, traced (a trace takes the full path): untimed
-                x[...] = data
-                with ringmpi.trace() as t:
-                    ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)
-                ran = t.ran[-1] if t.ran else "mpi"
-                same = same and x.tobytes() == first
-            same = same and len(set(world.allgather(first))) == 1
-            results[form] = first or b""
+            slowest = np.empty(len(times))
+            comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
+            took[form] = slowest.tolist()
+            bits[form] = b"".join(x.tobytes() for x in xs)
             comm.Free()
-        # ringmpi's two forms give the same bits (at 2 ranks every candidate does)
-        same = world.allreduce(same and results["auto"] == results["Iallreduce"], op=MPI.LAND)
-        if world.rank == 0:
-            auto, nonblocking = sum(took["auto"]) * 1e3, sum(took["Iallreduce"]) * 1e3
-            raw = sum(took["mpi4py"]) * 1e3
-            print(f"{nbytes:>10} {auto:>9.2f} {nonblocking:>10.2f} {raw:>10.2f} "
-                  f"{auto / raw:>6.2f} {nonblocking / auto:>6.2f} "
-                  f"{took['auto'][0] * 1e3:>9.2f} {max(took['auto']) * 1e3:>8.2f}  "
-                  f"{ran:<13} {same}")  # fmt: skip
+        same = len(set(bits.values())) == 1 and len(set(world.allgather(bits["auto"]))) == 1
+        if world.rank != 0:
+            continue
+        tens = {f: sum(t[1:11]) * 1e3 for f, t in took.items()}
+        alls = {f: sum(t[1:]) * 1e3 for f, t in took.items()}
+        best = min(alls, key=lambda f: alls[f] if f not in ("auto", "Iallreduce") else 1e300)
+        best10 = min(tens, key=lambda f: tens[f] if f not in ("auto", "Iallreduce") else 1e300)
+        print(
+            f"# {size} B{f', {sets} buffers in turn' if sets > 1 else ''}; "
+            f"same bits everywhere: {same}"
+        )
+        for f in order:
+            print(
+                f"{size:>10} {f:<20} first {took[f][0] * 1e3:9.3f}  10: {tens[f]:10.3f}  "
+                f"{args.calls}: {alls[f]:10.3f}"
+            )
+        for f in ("auto", "Iallreduce"):
+            print(
+                f"{size:>10} {f:<20} over library {tens[f] / tens['library']:.2f} "
+                f"(10), {alls[f] / alls['library']:.2f} ({args.calls}); over best "
+                f"{tens[f] / tens[best10]:.2f} (10, {best10}), "
+                f"{alls[f] / alls[best]:.2f} ({args.calls}, {best}); first call "
+                f"{took[f][0] * 1e3:.3f} ms against the library's "
+                f"{took['library'][0] * 1e3:.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ def test_identical_calls_give_identical_bits_from_the_first_on(settings, comm, n
     problems, first = [], None
     with ringmpi.trace() as t:
         for i in range(calls):
+            if t.tuned and t.tuned[0].call < i - 2:  # settled (on every rank at once): done
+                break
             ringmpi.Allreduce(x, out, op, comm)
             if first is None:
                 first = out.tobytes()

@@ -10,7 +10,9 @@ tuner tries candidates only where their answers agree: test_mpi_stable_bits.py).
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -126,6 +128,40 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
         (layout,) = data["layouts"].values()
         assert layout[str(KLASS)]["algorithm"] == won
         assert layout[str(KLASS)]["bytes"] == "64-127"
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, comm):
+    """From tuner.SPREAD_FROM no lease: the model's best (dawdle) runs the first calls,
+    the others' calls come between its calls, spaced by their cost beyond it; every
+    call exact, one winner on every rank, and not the slow favourite."""
+    settings(tuner="memory")
+    count = tuner.SPREAD_FROM // 4
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
+    got = np.empty_like(x)
+    problems = []
+    with ringmpi.trace() as t:
+        for i in range(tuner.most_trial_calls(tuner.SPREAD_FROM) + 2):
+            if t.tuned and t.tuned[0].call < i - 1:  # settled on every rank at once
+                break
+            ringmpi.Allreduce(x, got, MPI.SUM, comm)
+            if verify.count_wrong(got, MPI.SUM, comm.size):
+                problems.append(f"call {i}: wrong")
+    agree(comm, problems)
+    ran = [x.algorithm for x in t.trials]
+    assert len(t.tuned) == 1 and t.tuned[0].algorithm != "dawdle"
+    assert len(set(comm.allgather(t.tuned[0].algorithm))) == 1
+    assert ran[:2] == ["dawdle", "dawdle"] and [x.timed for x in t.trials[:2]] == [False, True]
+    last = max(i for i, name in enumerate(ran) if name == "dawdle")  # (a second round after)
+    others = [i for i, name in enumerate(ran[:last]) if name != "dawdle"]
+    assert others and all(b - a >= 2 for a, b in itertools.pairwise(others))  # one of dawdle's
+    first = others[0]  # between: its cost unknown, dawdle's calls pay for its first call
+    inc = float(np.median([x.seconds for x in t.trials if x.algorithm == "dawdle" and x.timed]))
+    gap = math.ceil((inc + tuner.ONE_TIME_S) / (tuner.TRIAL_BUDGET * inc))
+    assert first >= 2 + min(tuner.GAP_MOST, gap) // 2  # (agreed on a median of one call)
+    for name in set(ran) - {"dawdle"}:  # its first call untimed, at most 1 + timed in all
+        calls = [x for x in t.trials[:last] if x.algorithm == name]
+        assert not calls[0].timed and len(calls) <= 1 + tuner.timed_calls(tuner.SPREAD_FROM)
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")

@@ -153,7 +153,7 @@ def test_load_names_a_missing_or_bad_file(tmp_path, environ):
         tuning.load()
 
 
-def test_the_lease_costs_what_the_trials_cost_and_at_least_fifty_calls():
+def test_the_lease_costs_what_the_trials_cost_and_none_from_the_spread_trials():
     from ringmpi._settings import Settings
     from ringmpi.algorithms import tuner
 
@@ -164,5 +164,7 @@ def test_the_lease_costs_what_the_trials_cost_and_at_least_fifty_calls():
     # at 10 us a library call: 1,716 calls
     assert calls[1] == math.ceil((6e-3 + 93 * (100e-6 + 2 * 10.0032e-6)) / 10.0032e-6) == 1716
     assert calls == sorted(calls, reverse=True)  # larger calls earn the trials back sooner
-    assert min(calls) == tuner.LEAST_LEASE == calls[-1]
+    # from 4 MiB the trials start with the model's best: no lease
+    assert [n for n, c in zip(sizes, calls, strict=True) if c == 0] == [4 << 20, 16 << 20, 1 << 30]
+    assert calls[2:4] == [609, 88]
     assert [tuner.lease_calls(n, auto.changed(lease=3)) for n in sizes] == [3] * len(sizes)

@@ -58,9 +58,9 @@ from .. import __version__, _cache, _host, _settings, _trace
 from .._comm import Context, context, library_allreduce, made
 from .registry import fits, get, names, prepare
 
-__all__ = ["LEAST_LEASE", "LIBRARY_MARGIN", "SECOND_ROUND_MARGIN", "SHORTLIST", "TIMED", "Trial",
-           "cache_file", "lease_calls", "leases", "most_trial_calls", "timed_calls",
-           "tuner"]  # fmt: skip
+__all__ = ["DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
+           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Trial", "cache_file", "lease_calls",
+           "leases", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -76,8 +76,12 @@ def timed_calls(nbytes: int) -> int:
 
 def most_trial_calls(nbytes: int, candidates: int = 3) -> int:
     """The most calls a class's trials take: each candidate's untimed call and
-    :func:`timed_calls`, and a second round of two candidates' timed calls."""
+    :func:`timed_calls` (from SPREAD_FROM, each of the others' calls after up to
+    GAP_MOST of the first's, and the first's own), and a second round of two
+    candidates' timed calls."""
     timed = timed_calls(nbytes)
+    if nbytes >= SPREAD_FROM:
+        return (candidates - 1) * (1 + timed) * (1 + GAP_MOST) + 1 + timed + 2 * timed
     return candidates * (1 + timed) + 2 * timed
 
 
@@ -100,6 +104,22 @@ LIBRARY_MARGIN = 0.05
 # slower than the library's call costs every call after.
 SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
+# From this size a class's trials start at its first call, with the model's best
+# candidate (the incumbent), and the others' calls come between the incumbent's,
+# spread so that what they cost beyond it stays near TRIAL_BUDGET of the time the
+# incumbent's calls take: each after as many of the incumbent's calls as its cost
+# beyond them needs (at least one, GAP_MOST at most). That cost is its agreed time
+# where measured, else the incumbent's time again, and ONE_TIME_S more for its
+# first call (a window, its compiled code loaded: 3-6 ms at 2 ranks on a 2-core
+# host). A candidate whose timed call took DROP times the incumbent's is tried no
+# more. A call takes a millisecond or more there, so that the collective that
+# agrees on a trial's time costs little beside it. Below, the lease and round-robin
+# trials: a candidate's first call costs as much as many calls.
+SPREAD_FROM = 4 << 20
+TRIAL_BUDGET = 0.1
+GAP_MOST = 64
+DROP = 1.5
+ONE_TIME_S = 5e-3
 
 
 @dataclass
@@ -117,10 +137,75 @@ class _Trials:
     # (the API's Python repeat path) that its trials, which time `again`, do not
     charged: list[float] = field(default_factory=list)
     runnable: list[int] = field(default_factory=list)  # the node's load, sampled (_host.runnable)
+    # From SPREAD_FROM: the incumbent (names[0]) first, the others spread between its calls
+    spread: bool = False
+    runs: list[int] = field(default_factory=list)  # calls made, per candidate
+    agreed: list[float] = field(default_factory=list)  # seconds a call, agreed (0: not yet)
+    dropped: set[int] = field(default_factory=set)
+    gap: int = 0  # the incumbent's calls before the next other candidate's
 
     def __post_init__(self) -> None:
+        if self.spread and not self.runs:  # the incumbent's first two calls, then agreed
+            self.gap = 2
         self.times = self.times or [[] for _ in self.names]
         self.charged = self.charged or [0.0 for _ in self.names]
+        self.runs = self.runs or [0 for _ in self.names]
+        self.agreed = self.agreed or [0.0 for _ in self.names]
+
+    def next(self) -> int:
+        """The candidate this call runs (an index of ``names``)."""
+        if not self.spread:
+            return self.calls % len(self.names)
+        if self.runs[0] == 0 or self.gap > 0:
+            return 0
+        left = [i for i in range(1, len(self.names)) if not self._done(i)]
+        return min(left, key=lambda i: (self.runs[i], i)) if left else 0
+
+    def _done(self, i: int) -> bool:
+        return i in self.dropped or self.runs[i] >= 1 + self.timed
+
+    def ran(self, i: int, ctx: Context, timeout: float) -> None:
+        """Count a spread trial's call of candidate ``i``; after another candidate's,
+        or the incumbent's first timed one, agree on its time and the incumbent's
+        (one collective) and space the next."""
+        self.runs[i] += 1
+        if i == 0:
+            self.gap -= 1
+            if self.runs[0] != 2 or any(self.runs[1:]):
+                return
+        mine = np.array([float(np.median(self.times[0])) if self.times[0] else 0.0,
+                         self.times[i][-1] if self.times[i] else 0.0])  # fmt: skip
+        agreed = np.empty_like(mine)
+        library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
+                          f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
+        self.agreed[0] = float(agreed[0])
+        if i and self.times[i]:  # a timed call: its time, and whether to try it again
+            self.agreed[i] = float(agreed[1])
+            if self.agreed[0] and self.agreed[i] > DROP * self.agreed[0]:
+                self.dropped.add(i)
+        left = [j for j in range(1, len(self.names)) if not self._done(j)]
+        if left:
+            self.gap = self._spacing(min(left, key=lambda j: (self.runs[j], j)))
+
+    def _spacing(self, j: int) -> int:
+        """The incumbent's calls before candidate ``j``'s next: as many as make what it
+        costs beyond them TRIAL_BUDGET of theirs."""
+        inc = self.agreed[0]
+        if not inc:
+            return GAP_MOST
+        beyond = self.agreed[j] - inc if self.agreed[j] else inc
+        if self.runs[j] == 0:
+            beyond += ONE_TIME_S
+        return min(GAP_MOST, max(1, math.ceil(beyond / (TRIAL_BUDGET * inc))))
+
+    @property
+    def finished(self) -> bool:
+        """Whether every candidate has had its calls (spread: the incumbent its timed
+        ones too)."""
+        if not self.spread:
+            return self.calls == self.total
+        return self.runs[0] >= 1 + self.timed and all(
+            self._done(i) for i in range(1, len(self.names)))  # fmt: skip
 
     def copies(self, key: tuple, work: np.ndarray, source: np.ndarray | None) -> tuple:
         """(out, source) for a timed trial: copies of this rank's data, made once per
@@ -147,14 +232,15 @@ class Trial:
     """What :func:`ringmpi.algorithms.choose` returns while a class is being tried:
     ``run`` runs this call's candidate, timed, and settles the class after the last."""
 
-    def __init__(self, tuner: Tuner, klass: Key, trials: _Trials, candidate) -> None:
+    def __init__(self, tuner: Tuner, klass: Key, trials: _Trials, candidate, i: int) -> None:
         self.tuner, self.klass, self.trials, self.candidate = tuner, klass, trials, candidate
-        self.name = candidate.name
+        self.name, self.i = candidate.name, i
 
     def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
-        """The candidate's call (``more``: a half's counts), timed from the second round."""
-        trials, i = self.trials, self.trials.calls % len(self.trials.names)
-        timed = trials.calls >= trials.untimed  # each candidate's first call is untimed
+        """The candidate's call (``more``: a half's counts), timed from its second."""
+        trials, i = self.trials, self.i
+        # each candidate's first call is untimed (in a second round, none)
+        timed = trials.runs[i] > 0 if trials.spread else trials.calls >= trials.untimed
         if trials.calls % 4 == 0:  # the node's load, outside the timed call
             trials.runnable.append(_host.runnable())
         if _trace._active or more:  # traced (the trace counts its sends), or a half
@@ -173,7 +259,7 @@ class Trial:
                     from .. import _repeat  # noqa: PLC0415 -- it imports this package
 
                     trials.charged[i] = _repeat.python_seconds()
-            if timed and work.nbytes <= _LEAD_BYTES:
+            if timed and work.nbytes <= _LEAD_BYTES and not trials.spread:
                 out, src = trials.copies(key, work, source)
                 again(out, src)  # the ranks come out of it as out of the call before
                 t0 = time.perf_counter_ns()
@@ -190,7 +276,9 @@ class Trial:
             trials.times[i].append(took)
         _trace.record_trial(_size_class(self.klass), self.name, took, timed)
         trials.calls += 1
-        if trials.calls == trials.total:
+        if trials.spread:
+            trials.ran(i, ctx, timeout)
+        if trials.finished:
             self.tuner.settle(self.klass, trials, ctx, timeout)
 
 
@@ -241,9 +329,10 @@ class Tuner:
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
         if trials is None:
-            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes))
-        candidate = get(trials.names[trials.calls % len(trials.names)], collective)
-        return Trial(self, key, trials, candidate)
+            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
+                                                spread=nbytes >= SPREAD_FROM)  # fmt: skip
+        i = trials.next()
+        return Trial(self, key, trials, get(trials.names[i], collective), i)
 
     def settle(self, klass: Key, trials: _Trials, ctx: Context, timeout: float) -> None:
         """Agree on the trials' timings (one collective) and keep the winner; or, where
@@ -397,12 +486,11 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
 # of a size never earns that back. So an untuned class first runs the library's
 # MPI_Allreduce (which gives the candidates' answer, to the bit: the tuner tries only
 # where they all do) for as many calls as cost, at the library's estimated speed,
-# what the trials will cost beyond the library's calls (and at least LEAST_LEASE):
-# the rent-or-buy rule, whose total is at most twice that of the better of never
-# tuning and tuning at once, whichever the program turns out to need. A function of
-# the size alone, so that every rank counts the same calls and moves on at the same
-# one.
-LEAST_LEASE = 50
+# what the trials will cost beyond the library's calls: the rent-or-buy rule, whose
+# total is at most twice that of the better of never tuning and tuning at once,
+# whichever the program turns out to need. A function of the size alone, so that
+# every rank counts the same calls and moves on at the same one. From SPREAD_FROM no
+# lease: the trials start with the model's best and cost little beyond it.
 # What the tuner's work costs, measured at 2 ranks on a 2-core host (examples/
 # first_calls.py): the first calls' setup, and a trial call's own Python and copy.
 _SETUP_S, _TRIAL_S = 6e-3, 100e-6
@@ -413,13 +501,15 @@ _LIBRARY_CALL_S, _LIBRARY_BYTE_S = 10e-6, 0.4e-9
 def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
     """How many of an untuned class's first calls of ``nbytes`` run the library's call
     before its trials: the ``lease`` setting, or (auto) as many as cost what the
-    trials will cost beyond the library's calls, at least LEAST_LEASE."""
+    trials will cost beyond the library's calls; none from SPREAD_FROM."""
     if settings.lease is not None:
         return settings.lease
+    if nbytes >= SPREAD_FROM:
+        return 0
     library = _LIBRARY_CALL_S + nbytes * _LIBRARY_BYTE_S
     trial = _TRIAL_S + (2 * library if nbytes <= _LEAD_BYTES else 0.0)  # the lead and a copy
     trials = _SETUP_S + (SHORTLIST + 1) * (1 + timed_calls(nbytes)) * trial
-    return max(LEAST_LEASE, math.ceil(trials / library))
+    return math.ceil(trials / library)
 
 
 class _Leases:

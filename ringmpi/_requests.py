@@ -97,23 +97,33 @@ def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: flo
          red: Reduction | None = None, ordered: bool = False,
          validate: bool = False) -> bool:  # fmt: skip
     """Whether ringmpi's call, not the library's request, carries out a call of ``nbytes``
-    of ``red`` it can run. The algorithm is the argument, else the ``algorithm``
-    setting, as for the blocking call: "mpi" never, a named one always. Under auto,
-    ringmpi's call wherever the blocking call would not run the library's: with a
-    timeout (which the library's request cannot honour), validation, the rank-order
-    fold of ``ordered`` (reproducible) floating data, AVG, and reductions whose
-    answer the library's call does not give (:func:`~ringmpi.algorithms.library_agrees`).
-    Otherwise the library's request for buffers below :func:`own_from_bytes`, for
-    which the request's own cost outweighs what ringmpi saves, and where neither a
-    thread nor the completion calls can carry the call out (:func:`_progress.mode`)."""
+    of ``red`` it can run (:func:`_own_known`, else whether a thread or the
+    completion calls can carry it out: :func:`_progress.mode`)."""
+    known = _own_known(nbytes, op, algorithm, timeout, red, ordered, validate)
+    return known if known is not None else _progress.mode(context(comm, timeout)) != "library"
+
+
+def _own_known(nbytes: int, op: Any, algorithm: str, timeout: float, red: Reduction | None,
+               ordered: bool, validate: bool) -> bool | None:  # fmt: skip
+    """Whose a call of ``nbytes`` of ``red`` is, where that does not depend on who can
+    carry calls out (None where it does). The algorithm is the argument, else the
+    ``algorithm`` setting, as for the blocking call: "mpi" never, a named one always.
+    Under auto, ringmpi's call wherever the blocking call would not run the
+    library's: with a timeout (which the library's request cannot honour),
+    validation, the rank-order fold of ``ordered`` (reproducible) floating data,
+    AVG, and reductions whose answer the library's call does not give
+    (:func:`~ringmpi.algorithms.library_agrees`). Otherwise the library's request
+    for buffers below :func:`own_from_bytes`, for which the request's own cost
+    outweighs what ringmpi saves."""
+    settings = _settings.current()
     if algorithm == "auto":
-        algorithm = _settings.current().algorithm
+        algorithm = settings.algorithm
     if algorithm != "auto":
         return algorithm != "mpi"
     if (op is AVG or timeout or validate or not algorithms.library_agrees(red)
             or (ordered and red is not None and algorithms.order_matters(red))):  # fmt: skip
         return True
-    return not (nbytes < own_from_bytes() or _progress.mode(context(comm, timeout)) == "library")
+    return False if nbytes < own_from_bytes() else None
 
 
 def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout: float,
@@ -369,7 +379,9 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
         nbytes = call.nitems * call.recv.itemsize
         contiguous = call.recv.flags.c_contiguous and (call.send is None
                                                        or call.send.flags.c_contiguous)  # fmt: skip
-        if algorithm == "auto" and not call.validate and contiguous:  # as the blocking call
+        known = _own_known(nbytes, op, algorithm, call.timeout, call.red, call.ordered,
+                           call.validate)  # fmt: skip
+        if known is None and algorithm == "auto" and contiguous:  # leased as the blocking call
             left = algorithms.leased(call.comm, nbytes, call.red, call.ordered, call.timeout)
         if left is None:  # (a leased call needs no context: none is made before its end)
             own = _own(call.comm, nbytes, op, algorithm, call.timeout, call.red, call.ordered,

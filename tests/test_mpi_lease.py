@@ -154,4 +154,8 @@ def test_nonblocking_and_persistent_calls_count_off_the_same_lease(settings, com
         if not np.array_equal(out, exact):
             problems.append(f"call {i} after the lease is not the exact sum")
     persistent.Free()
+    small = ringmpi.Allreduce_init(MPI.IN_PLACE, np.ones(4), MPI.SUM, comm)  # below the
+    if small._library is None:  # size where ringmpi's requests pay: the library's, unleased
+        problems.append("a small persistent request is not the library's own")
+    small.Free()
     agree(comm, problems)

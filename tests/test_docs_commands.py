@@ -56,6 +56,7 @@ SKIPPED: dict[str, str] = {
     "make lint": _SUITE,
     "make docs": "installs the docs extra; CI runs it",
     "make bench": "three MPI families, about 10 minutes",
+    "RINGMPI_TUNER=memory make bench": "three MPI families, about 10 minutes",
     "make simulate": "builds SimGrid from source, 7 minutes",
     "python -m pip install .": "changes this environment's ringmpi install",
     "python -m pip install '.[mpich]'": "changes this environment's ringmpi install",

@@ -433,15 +433,12 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
         made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                reproducible)  # fmt: skip
     left = made.left
-    if left is not None:
-        if left[0] > 0:  # a call of its class's lease: the library's, counted off
+    if left is not None and left[0] <= 0:  # the lease is over: whose the call is, now
+        made, left = _relet(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
+                            reproducible), None  # fmt: skip
+    if left is not None or not made.own:  # a call of its class's lease, or the library's
+        if left is not None:
             left[0] -= 1
-            if _TRACES:
-                _trace.record_call("mpi")
-            return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,
-                                       recvbuf, made.op)  # fmt: skip
-        made = _relet(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
-    if not made.own:
         if _TRACES:
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,

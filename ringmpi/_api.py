@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from . import _direct, _progress, _repeat, _settings, _trace, algorithms
 from ._buffers import _as_array, _kind
-from ._comm import Context, check_comm, context, made, polled, ready
+from ._comm import Context, check_comm, context, polled, ready
 from ._errors import RingMPIError, UnsupportedError
 from ._settings import configure, configured
 from .kernels import Reduction, reduction
@@ -282,26 +282,13 @@ def _run(
     reproducible: bool = False,
 ):
     """Run the call; returns (``make``, at once): ``make()`` gives the call made ready
-    (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once or
-    at its first repeat; None where it is not to be repeated so (a validated call, a
-    trial of auto's tuner)."""
+    (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once (a
+    call of auto's lease, counted) or at its first repeat; None where it is not to be
+    repeated so (a validated call, a trial of auto's tuner, an untuned class's call
+    in a nonblocking call's job)."""
     if (_WINDOWS and algorithm == "auto" and _settings.current().algorithm == "auto"
             and algorithms.symmetric.pays(recv, send, count, red)):  # fmt: skip
         algorithm = "symmetric"  # window-resident arrays: read where they lie (as auto)
-    if (algorithm == "auto" and not validate and recv.flags.c_contiguous
-            and (send is None or send.flags.c_contiguous)):  # fmt: skip
-        leased = algorithms.lease(comm, count * recv.itemsize, red, reproducible, timeout)
-        if leased is not None:  # the library's own call, before any context of ringmpi's
-            call, new = leased
-            if made(comm) is not None:
-                ready(comm)  # its queued nonblocking calls first; an error if broken off
-            if _trace._active:
-                _trace.record_call("mpi")
-            work = recv if recv.ndim == 1 and recv.size == count else recv.reshape(-1)[:count]
-            call.again(work, work if send is None else send.reshape(-1))
-            # The first call of its shape on the communicator is remembered at once
-            # (its call is made ready already); others, as every call, at a repeat.
-            return (lambda: call), new
     ctx = ready(comm, timeout)
     algo = algorithms.choose(algorithm, count * recv.itemsize, ctx, red, reproducible)
     if validate:
@@ -341,6 +328,9 @@ def _run(
             recv.flat[:count] = work
     if validate or isinstance(algo, algorithms.Trial):
         return None
+    if isinstance(algo, algorithms.Lease):  # its call, counted: remembered at once
+        return None if algo.left is None else (functools.partial(algo.call, red, ctx, count,
+                                                                  timeout), True)  # fmt: skip
     return functools.partial(algorithms.prepare, algo, red, ctx, count, timeout), False
 
 

@@ -53,6 +53,7 @@ from ._capi import (
     CELL_FN,
     CELL_IN_PLACE,
     CELL_OP,
+    CELL_OWN,
     CELL_RAISE,
     call_fn,
     mpi_allreduce,
@@ -63,8 +64,8 @@ from ._capi import (
     py_vectorcall,
 )
 
-__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "entry", "entry_point",
-           "install", "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
+__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "counted", "entry",
+           "entry_point", "install", "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -241,6 +242,33 @@ def warm() -> None:
     compiled(_call)
     compiled(_call_method)
     compiled(_call_once)
+    compiled(_counted_call)
+
+
+# A counted call's cells: the counted call's own (CELL_IN_PLACE to CELL_RAISE), then
+# the address of the cells it runs and that of its int64 cell of calls left.
+_INNER, _LEFT = CELL_OWN, CELL_OWN + 1
+
+
+def counted(cells: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """Cells (``_capi``'s CELL_* layout) that make the call of ``cells`` while ``left``
+    (an int64 cell) holds calls left, each call counting it down, and otherwise
+    send nothing and return STALE. The caller keeps ``cells`` and ``left``, whose
+    addresses these hold."""
+    own = np.array([*cells[:CELL_OWN], cells.ctypes.data, left.ctypes.data], np.int64)
+    own[CELL_FN] = compiled(_counted_call)
+    return own
+
+
+def _counted_call(cells, sbuf, rbuf, count):
+    """A counted call's C function (CELL_FN): STALE once no calls are left, else one
+    fewer left and the call it counts."""
+    left = peek(cells + 8 * _LEFT)
+    calls = peek(left)
+    if calls <= 0:
+        return STALE
+    poke(left, calls - 1)
+    return run_cells(peek(cells + 8 * _INNER), sbuf, rbuf, count)
 
 
 def _usable(array, written):

@@ -106,7 +106,8 @@ def _entry(args: tuple, send, recv, call: Call) -> Entry:
 
 def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
     """(in_place, run) for ``again(work, source)``, which takes 1-D arrays of this
-    call's dtype and size: each checks the arrays first."""
+    call's dtype and size (and returns STALE where it sent nothing: a counted call,
+    :func:`ringmpi.algorithms.tuner.counted`): each checks the arrays first."""
     shape, dtype = recv.shape, recv.dtype
     send_shape = None if send is None else send.shape
     flat = recv.ndim != 1 or (send is not None and send.ndim != 1)
@@ -115,8 +116,8 @@ def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
         if recvbuf.shape != shape or recvbuf.dtype is not dtype or not recvbuf.flags.carray:
             return _STALE  # carray: C-contiguous, aligned and writeable, in one lookup
         work = recvbuf.reshape(-1) if flat else recvbuf  # a view of the same memory
-        again(work, work)
-        return 0
+        # STALE: a counted call with none left sent nothing
+        return _STALE if again(work, work) == _STALE else 0
 
     def run(recvbuf: np.ndarray, sendbuf: np.ndarray, _) -> int:
         if (
@@ -129,10 +130,8 @@ def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
         ):
             return _STALE
         if flat:
-            again(recvbuf.reshape(-1), sendbuf.reshape(-1))
-        else:
-            again(recvbuf, sendbuf)
-        return 0
+            return _STALE if again(recvbuf.reshape(-1), sendbuf.reshape(-1)) == _STALE else 0
+        return _STALE if again(recvbuf, sendbuf) == _STALE else 0
 
     return in_place, run
 

@@ -61,8 +61,7 @@ class Prepared:
     with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
     the library's own request for it (its ``*_init`` or its nonblocking call)."""
 
-    __slots__ = ("after_lease", "comm", "ctx", "left", "library", "name", "run", "settled",
-                 "step", "timeout")  # fmt: skip
+    __slots__ = ("comm", "ctx", "library", "name", "run", "settled", "step", "timeout")
 
     def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
                  library: Callable[[bool], Any]) -> None:  # fmt: skip
@@ -78,10 +77,6 @@ class Prepared:
         # a wait: Test carries it as far as it goes, Wait on to its end.
         self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
         self.ctx: Any = None  # the communicator's Context, once started
-        # The cell of calls left of the lease of auto's call (algorithms.leased): while
-        # calls are left, a start is the library's request, counted off.
-        self.left: np.ndarray | None = None
-        self.after_lease: Callable[[], bool] | None = None  # then: whether ringmpi's
 
     def start(self, into: Any = None) -> _progress.Request:
         """Queue ringmpi's call on the communicator's progress queue: its request
@@ -151,7 +146,6 @@ class Prequest(_progress.Completion, MPI.Prequest):
 
     _call: Prepared | None = None
     _library: Any = None  # the library's persistent request, once auto settled on it
-    _leased: Any = None  # the library's persistent request that the lease's starts start
 
     @classmethod
     def made(cls, call: Prepared) -> Prequest:
@@ -182,26 +176,6 @@ class Prequest(_progress.Completion, MPI.Prequest):
         if self._job is not None and self:  # started, not completed by a Wait or Test (MPI's too)
             raise RingMPIError(f"Start: this {call.name} request is active: complete it "
                                "(Wait, Test) before starting it again")  # fmt: skip
-        left = call.left
-        if left is not None:
-            leased = self._leased
-            if left[0] > 0:  # a call of the lease: the library's request, counted off
-                left[0] -= 1
-                if leased is None:
-                    leased = self._leased = call.library(True)
-                self._job = None
-                _progress.set_handle(self, leased.handle)
-                if _TRACES:
-                    _trace.record_call("mpi")
-                MPI.Prequest.Start(leased)
-                return
-            call.left = None  # the lease is over: whose the starts are, decided now
-            assert call.after_lease is not None
-            if not call.after_lease():
-                self._leased = None
-                self._settle(leased if leased is not None else call.library(True))
-                self.Start()
-                return
         if call.settled is not None and call.settled():
             # The request keeps the library's persistent request from now on, as an
             # MPI persistent collective keeps the algorithm it was made with.
@@ -226,10 +200,9 @@ class Prequest(_progress.Completion, MPI.Prequest):
         """Release the request (completing a started call first)."""
         if self._job is not None:
             self.Wait()
-        for mine in (self._library, self._leased):
-            if mine is not None:
-                MPI.Prequest.Free(mine)
-        self._library = self._leased = None
+        if self._library is not None:
+            MPI.Prequest.Free(self._library)
+        self._library = None
         _progress.set_handle(self, MPI.REQUEST_NULL.handle)
         self._call = None
 
@@ -258,10 +231,7 @@ class _Made(NamedTuple):
     op: Any  # the reduction as MPI takes it
     comm: Any  # the checked communicator
     timeout: float
-    own: bool  # ringmpi's run, not the library's request (decided once the lease is over)
-    # Its class's lease's calls left, where auto's call is leased: its starts are the
-    # library's requests until none is left; then whose they are is decided (own).
-    left: np.ndarray | None
+    own: bool  # ringmpi's run, not the library's request
     keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
     ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
 
@@ -314,27 +284,10 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(made.comm, send, recvbuf, made.op)
 
-    leased = made.left is not None
-    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own or leased else (None, None)
+    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own else (None, None)
     call = Prepared("Allreduce", made.comm, made.timeout, run, library)
-    call.step, call.ctx, call.left = step, made.ctx, made.left
-    if leased:  # whose the starts after the lease are: decided as an Iallreduce's then
-        call.after_lease = lambda: _relet(sendbuf, recvbuf, op, comm, algorithm, validate,
-                                          timeout, reproducible).own  # fmt: skip
+    call.step, call.ctx = step, made.ctx
     return call
-
-
-def _relet(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
-           validate: bool | None, timeout: float | None,
-           reproducible: bool | None) -> _Made:  # fmt: skip
-    """A leased call's check once its lease is over: whose the call now is (and its
-    context, where ringmpi's), remembered in place of the leased one."""
-    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
-    made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                              reproducible)  # fmt: skip
-    if made.nbytes >= 0:
-        _latest.put(id(recvbuf), made)
-    return made
 
 
 def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
@@ -372,23 +325,15 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    own, ctx, left = False, None, None
+    own, ctx = False, None
     if not call.library:
         assert call.recv is not None and call.red is not None
         assert isinstance(call.comm, MPI.Intracomm)
-        nbytes = call.nitems * call.recv.itemsize
-        contiguous = call.recv.flags.c_contiguous and (call.send is None
-                                                       or call.send.flags.c_contiguous)  # fmt: skip
-        known = _own_known(nbytes, op, algorithm, call.timeout, call.red, call.ordered,
-                           call.validate)  # fmt: skip
-        if known is None and algorithm == "auto" and contiguous:  # leased as the blocking call
-            left = algorithms.leased(call.comm, nbytes, call.red, call.ordered, call.timeout)
-        if left is None:  # (a leased call needs no context: none is made before its end)
-            own = _own(call.comm, nbytes, op, algorithm, call.timeout, call.red, call.ordered,
-                       call.validate)  # fmt: skip
-            ctx = context(call.comm, call.timeout) if own else None
+        own = _own(call.comm, call.nitems * call.recv.itemsize, op, algorithm, call.timeout,
+                   call.red, call.ordered, call.validate)  # fmt: skip
+        ctx = context(call.comm, call.timeout) if own else None
     made = _Made(_no_ref, None, (op, comm, algorithm, validate, timeout, reproducible),
-                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, left, keywords,
+                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, keywords,
                  ctx)  # fmt: skip
     if isinstance(recvbuf, np.ndarray) and (
         sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
@@ -432,13 +377,7 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     ):  # fmt: skip
         made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
                                reproducible)  # fmt: skip
-    left = made.left
-    if left is not None and left[0] <= 0:  # the lease is over: whose the call is, now
-        made, left = _relet(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                            reproducible), None  # fmt: skip
-    if left is not None or not made.own:  # a call of its class's lease, or the library's
-        if left is not None:
-            left[0] -= 1
+    if not made.own:  # the library's
         if _TRACES:
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,

@@ -153,8 +153,8 @@ class Settings:
     tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")
     lease: int | None = _setting(None, _auto_or(0, "calls"), "untuned classes' first calls "
-                                 "that run the library's call before the tuner: auto or a "
-                                 "number")  # fmt: skip
+                                 "that run the cost model's best before the tuner's "
+                                 "trials: auto or a number")  # fmt: skip
     threads: int | None = _setting(None, _auto_or(1, "threads"), "threads of a rank's node "
                                    "reductions: auto (its share of the cores) or a "
                                    "number")  # fmt: skip

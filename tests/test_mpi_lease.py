@@ -1,10 +1,11 @@
-"""The lease: an untuned size class's first calls run the library's own MPI_Allreduce.
+"""The lease: an untuned size class's first calls run the cost model's best.
 
 Auto's tuner tries its candidates only after a class's first ``lease`` calls
-(the setting; auto: as many as the trials cost, at least 50), which run the
-library's call on the user's communicator, counted from Python and from the C
-repeat path alike. Closed-form inputs: rank r contributes r + 1 + i at element i,
-so every element's sum is known exactly.
+(the setting; auto: as many as the trials cost), which run the incumbent (the
+model's best candidate, the first the trials then run), counted off the class's
+cell of calls left from Python and from the C repeat path alike. Closed-form
+inputs: rank r contributes r + 1 + i at element i, so every element's sum is
+known exactly.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _comm, _repeat, _settings
-from ringmpi.algorithms import tuner
+from ringmpi import _builtins, _comm, _direct, _repeat
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -38,8 +38,13 @@ def _inputs(comm, count: int) -> tuple[np.ndarray, np.ndarray]:
     return mine, (n * (n + 1) // 2 + n * i).astype(np.int32)
 
 
+def _tuner(comm):
+    ctx = _comm.made(comm)
+    return None if ctx is None else ctx.tuner
+
+
 @pytest.mark.parametrize("count", [2, 1 << 14, 1 << 18])
-def test_a_class_runs_the_library_for_its_lease_then_the_trials(settings, comm, count):
+def test_a_class_runs_the_models_best_for_its_lease_then_the_trials(settings, comm, count):
     settings(tuner="memory", lease=LEASE)
     mine, exact = _inputs(comm, count)
     out = np.empty_like(mine)
@@ -51,11 +56,14 @@ def test_a_class_runs_the_library_for_its_lease_then_the_trials(settings, comm, 
                 problems.append(f"call {i} ({t.ran[-1]}) is not the exact sum")
     agree(comm, problems)
     if comm.size == 1:  # nothing to tune: the model's pick from the first call
-        assert t.trials == [] and "mpi" not in t.ran
+        assert t.trials == [] and _tuner(comm) is None
         return
-    assert t.ran[:LEASE] == ["mpi"] * LEASE
-    assert len(t.trials) == 1 and t.trials[0].size_class == mine.nbytes.bit_length()
-    assert _comm.made(comm) is not None  # made by the trials, not by the lease
+    klass = mine.nbytes.bit_length()
+    trials = _tuner(comm).trying[klass]
+    # the lease ran the incumbent, the trials' first candidate, and never the library
+    assert t.ran[:LEASE] == [trials.names[0]] * LEASE and trials.names[0] != "mpi"
+    assert len(t.trials) == 1 and t.trials[0].size_class == klass
+    assert _tuner(comm).left[klass][0] == 0
 
 
 def test_calls_from_c_count_the_lease_down(settings, comm):
@@ -65,37 +73,56 @@ def test_calls_from_c_count_the_lease_down(settings, comm):
     mine, exact = _inputs(comm, 1000)
     out = np.empty_like(mine)
     problems = []
-    for i in range(LEASE):  # remembered at once: every call after the first from C
+    for i in range(LEASE):  # remembered at once: every call after the first repeats
         out[...] = 0
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
         if not np.array_equal(out, exact):
             problems.append(f"call {i} is not the exact sum")
     agree(comm, problems)
-    assert id(out) in _repeat.latest  # the C repeat path's entry, remembered at once
-    assert _comm.made(comm) is None  # no context of ringmpi's: none needed yet
-    left = tuner.leases(comm, _settings.current()).left[mine.nbytes.bit_length()]
-    assert left[0] == 0
+    assert id(out) in _repeat.latest  # remembered at once, counted
+    entry = _repeat.latest[id(out)]
+    if entry.cells is not None and _builtins.layout_ok():  # the C repeat path holds it
+        at = _direct._HEADER + _direct._WIDTH * _direct.slot(out, comm)
+        assert _direct._state["holder"][at + _direct.RECV] == id(out)
+    klass = mine.nbytes.bit_length()
+    assert _tuner(comm).left[klass][0] == 0
+    assert klass not in _tuner(comm).trying  # no trial yet
     with ringmpi.trace() as t:  # the lease is over: the tuner's first trial
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
     assert np.array_equal(out, exact)
     assert len(t.trials) == 1
 
 
-@pytest.mark.parametrize("why", ["tuner off", "reproducible", "validate", "named", "timeout"])
-def test_no_lease_where_auto_would_not_tune_or_the_call_needs_python(settings, comm, why):
+@pytest.mark.parametrize("why", ["tuner off", "reproducible", "named"])
+def test_no_lease_where_auto_would_not_tune(settings, comm, why):
     settings(tuner="off" if why == "tuner off" else "memory", lease=LEASE)
     mine, exact = _inputs(comm, 100)
     x = mine.astype(np.float64)
-    kwargs = {
-        "reproducible": {"reproducible": True},
-        "validate": {"validate": True},
-        "named": {"algorithm": "ring"},
-        "timeout": {"timeout": 30},
-    }.get(why, {})
+    kwargs = {"reproducible": {"reproducible": True}, "named": {"algorithm": "ring"}}.get(why, {})
     with ringmpi.trace() as t:
         ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm, **kwargs)
     assert np.array_equal(x, exact.astype(np.float64))
-    assert t.ran[0] != "mpi"  # auto's own choice, or its first trial: not the lease
+    assert t.trials == []
+    tuner = _tuner(comm)
+    assert tuner is None or not tuner.left  # no class's lease begun
+
+
+@pytest.mark.parametrize("kwargs", [{"validate": True}, {"timeout": 30}])
+def test_validated_and_timed_calls_count_off_the_lease(settings, comm, kwargs):
+    if comm.size == 1:
+        pytest.skip("one rank: nothing to tune, no lease")
+    settings(tuner="memory", lease=LEASE)
+    mine, exact = _inputs(comm, 100)
+    problems = []
+    with ringmpi.trace() as t:
+        for i in range(2):
+            x = mine.astype(np.int64)  # integers: every candidate's bits alike, so tuned
+            ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm, **kwargs)
+            if not np.array_equal(x, exact.astype(np.int64)):
+                problems.append(f"call {i} is not the exact sum")
+    agree(comm, problems)
+    assert t.trials == [] and len(set(t.ran)) == 1 and t.ran[0] != "mpi"
+    assert _tuner(comm).left[(100 * 8).bit_length()][0] == LEASE - 2
 
 
 def test_a_freed_communicator_forgets_its_leased_calls(settings):
@@ -112,19 +139,21 @@ def test_a_freed_communicator_forgets_its_leased_calls(settings):
 
 
 @pytest.mark.parametrize("progress", ["thread", "wait"])
-def test_nonblocking_and_persistent_calls_count_off_the_same_lease(settings, comm, progress):
-    """A nonblocking or persistent call of a leased class is the library's own request,
-    started on the user's communicator where the program starts it (so MPI orders
-    it among the program's own collectives), and counts off the lease the blocking
-    calls count off; once none is left, ringmpi's own call."""
+def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settings, comm,
+                                                                           progress):  # fmt: skip
+    """A nonblocking or persistent call of a class in its lease runs what the blocking
+    calls run, the incumbent, as ringmpi's own call, and takes nothing off the lease:
+    its job runs no trial; the blocking calls go on counting it down."""
     if comm.size == 1:
         pytest.skip("one rank: nothing to tune, no lease")
     settings(tuner="memory", lease=8, progress=progress)
     mine, exact = _inputs(comm, 1 << 18)  # 1 MiB: ringmpi's own nonblocking call, not MPI's
     out = np.empty_like(mine)
-    for _ in range(2):  # leased, and remembered: the C repeat path holds the leased call
-        ringmpi.Allreduce(mine, out, MPI.SUM, comm)
-    left = tuner.leases(comm, _settings.current()).left[mine.nbytes.bit_length()]
+    with ringmpi.trace() as blocking:
+        for _ in range(2):  # leased, and remembered: the repeat path holds the counted call
+            ringmpi.Allreduce(mine, out, MPI.SUM, comm)
+    incumbent = blocking.ran[0]
+    left = _tuner(comm).left[mine.nbytes.bit_length()]
     assert left[0] == 6
     problems = []
     persistent = ringmpi.Allreduce_init(mine, out, MPI.SUM, comm)
@@ -142,20 +171,38 @@ def test_nonblocking_and_persistent_calls_count_off_the_same_lease(settings, com
             persistent.Wait()
             if not np.array_equal(out, exact):
                 problems.append(f"persistent start {i} is not the exact sum")
-    if seen.ran != ["mpi"] * 6:
-        problems.append(f"the leased calls ran {seen.ran}")
+    if seen.ran != [incumbent] * 6 or seen.trials:
+        problems.append(f"the nonblocking calls ran {seen.ran}, trials {seen.trials}")
+    if left[0] != 6:
+        problems.append(f"{left[0]} calls left of the lease, not 6")
+    for i in range(8):  # the lease's last calls, then the trials begin
+        out[...] = 0
+        ringmpi.Allreduce(mine, out, MPI.SUM, comm)
+        if not np.array_equal(out, exact):
+            problems.append(f"blocking call {i} is not the exact sum")
     if left[0] != 0:
         problems.append(f"{left[0]} calls left of the lease, not 0")
-    for i in range(2):  # the lease is over: ringmpi's own calls (auto's trials first)
-        out[...] = 0
-        ringmpi.Iallreduce(mine, out, MPI.SUM, comm).Wait()
-        persistent.Start()
-        persistent.Wait()
-        if not np.array_equal(out, exact):
-            problems.append(f"call {i} after the lease is not the exact sum")
     persistent.Free()
     small = ringmpi.Allreduce_init(MPI.IN_PLACE, np.ones(4), MPI.SUM, comm)  # below the
-    if small._library is None:  # size where ringmpi's requests pay: the library's, unleased
+    if small._library is None:  # size where ringmpi's requests pay: the library's
         problems.append("a small persistent request is not the library's own")
     small.Free()
     agree(comm, problems)
+
+
+def test_a_nonblocking_half_of_an_untuned_class_runs_the_incumbent(settings, comm):
+    """A nonblocking reduce-scatter's job runs no trial: the model's best, to the bit."""
+    settings(tuner="memory", lease=LEASE, progress="thread")
+    per = 1 << 18  # 1 MiB a rank: ringmpi's own nonblocking call under every family
+    mine, exact = _inputs(comm, per * comm.size)
+    out = np.empty(per, np.int32)
+    problems = []
+    with ringmpi.trace() as seen:
+        for i in range(2):
+            out[...] = 0
+            ringmpi.Ireduce_scatter_block(mine, out, MPI.SUM, comm).Wait()
+            if not np.array_equal(out, exact[comm.rank * per : (comm.rank + 1) * per]):
+                problems.append(f"call {i} is not the exact sum")
+    agree(comm, problems)
+    assert seen.trials == []
+    assert len(seen.ran) == 2 and seen.ran[0] == seen.ran[1]

@@ -18,7 +18,6 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import _engine, _progress, _settings, tuning
 from .._comm import Context
@@ -30,7 +29,6 @@ from ..kernels import Reduction
 from . import ring, latency, hierarchical, shared, chain, mpi, symmetric  # noqa: F401
 
 # isort: on
-from . import mpi as _mpi
 from . import tuner as _tuner
 from .registry import (
     STALE,
@@ -46,20 +44,19 @@ from .registry import (
     register,
     unregister,
 )
-from .tuner import Trial
+from .tuner import Lease, Trial
 
 __all__ = [
     "STALE",
     "Algorithm",
     "Call",
+    "Lease",
     "Trial",
     "answers_agree",
     "candidates",
     "choose",
     "get",
     "half_algorithms",
-    "lease",
-    "leased",
     "library_agrees",
     "lookup",
     "names",
@@ -77,7 +74,7 @@ __all__ = [
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
            reproducible: bool = False,
-           collective: str = "allreduce") -> Algorithm | Trial:  # fmt: skip
+           collective: str = "allreduce") -> Algorithm | Trial | Lease:  # fmt: skip
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks
@@ -131,8 +128,8 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
         if isinstance(trying, _Trying):
             found = trying.tuner.choose(ctx, nbytes, trying.shortlist, trying.library,
                                         collective)  # fmt: skip
-            if isinstance(found, _tuner.Trial):
-                return found  # a trial is not kept: the next call may try another
+            if isinstance(found, (_tuner.Trial, _tuner.Lease)):
+                return found  # not kept: the next call may try another
             ctx.trying.pop(key, None)
         else:
             found = trying
@@ -146,54 +143,6 @@ _settings.check_with("algorithm", lookup)
 # The tuner leaves the library's MPI_Allreduce out from 2 GiB: counts from 2^31 are
 # refused by Open MPI 5.0 and summed wrong by Intel MPI 2021 (tests/test_mpi_stress.py).
 _LIBRARY_MAX_BYTES = 1 << 31
-
-
-def leased(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
-           timeout: float = 0.0) -> np.ndarray | None:  # fmt: skip
-    """The cell of calls left of the lease of auto's call of ``nbytes`` of ``red`` on
-    ``comm`` (the user's communicator), where the call is in one: its size class is
-    untuned, the tuner would try it (the library's call among the candidates, every
-    candidate giving the same bits) and calls are left of its first
-    ``tuner.lease_calls`` (:mod:`ringmpi.algorithms.tuner`); else None. A leased
-    call runs the library's own call, on ``comm``, and counts itself off: the
-    blocking call from compiled code (:func:`lease`), a nonblocking or persistent
-    one as the library's request. Not with a timeout (the library's call cannot
-    honour it), nor for AVG (which divides after), nor inside a nonblocking call's
-    job (whose calls run on ringmpi's own communicator). Decided before the
-    communicator's context is made: a class that never leaves its lease needs none."""
-    settings = _settings.current()
-    if (settings.tuner == "off" or settings.algorithm != "auto" or red.half or timeout
-            or red.partials() is not red or (reproducible and order_matters(red))
-            or _progress.in_job[0]):  # fmt: skip
-        return None
-    size = comm.Get_size()
-    if (size == 1 or nbytes >= _LIBRARY_MAX_BYTES or not library_agrees(red)
-            or not answers_agree(red, size)):  # fmt: skip
-        return None
-    left = _tuner.leases(comm, settings).left_of(comm, nbytes, settings)
-    return left if left[0] > 0 else None
-
-
-def lease(comm: MPI.Intracomm, nbytes: int, red: Reduction, reproducible: bool = False,
-          timeout: float = 0.0) -> tuple[Call, bool] | None:  # fmt: skip
-    """Where auto's blocking call of ``nbytes`` of ``red`` on ``comm`` is in its size
-    class's lease (:func:`leased`) and compiled code can make the library's call
-    (:func:`ringmpi.algorithms.mpi.direct`): that call made ready (its compiled code
-    counts the class's calls off, and once none are left sends nothing and returns
-    STALE), and whether it was made just now; else None (the call goes on to auto's
-    choice)."""
-    count = nbytes // red.dtype.itemsize
-    if not _mpi.direct(red, count, timeout):
-        return None
-    left = leased(comm, nbytes, red, reproducible, timeout)
-    if left is None:
-        return None
-    leases = _tuner.leases(comm, _settings.current())
-    key = (red.tag, count)
-    found = leases.calls.get(key)
-    if found is not None:
-        return found, False
-    return leases.calls.setdefault(key, _mpi.leased(red, comm, count, left)), True
 
 
 class _Trying(NamedTuple):
@@ -310,14 +259,30 @@ def warm(red: Reduction | None = None, record: Algorithm | None = None,
     t0 = time.perf_counter()
     if kinds is None:
         kinds = _engine.lane_kinds(red)
+    lanes = frozenset(kinds)
+    todo = records() if record is None else [record]
+    done: set[tuple] = {(id(a), lanes) for a in todo}
+    if record is None or record.plan is not None:
+        done.add(("engine", lanes))
+    if record is None:
+        done.add(("progress", lanes))
+    if done <= _warmed:
+        return 0.0  # loaded in this process already: a first call on a new communicator
     if record is None or record.plan is not None:
         _engine.warm(kinds)
     if record is None:  # the nonblocking calls' too
         _progress.warm()
-    for a in records() if record is None else [record]:
+    for a in todo:
         if a.warm is not None:
             a.warm(kinds)
+    _warmed.update(done)
+    _kept.extend(todo)  # their ids stay theirs
     return time.perf_counter() - t0
+
+
+# What warm() loaded in this process: (a record's id, "engine" or "progress"; lanes dtypes).
+_warmed: set[tuple] = set()
+_kept: list[Algorithm] = []
 
 
 def warm_on_node(ctx: Context, red: Reduction, record: Algorithm | None = None,

@@ -14,11 +14,11 @@ import numba
 import numpy as np
 from mpi4py import MPI
 
-from .. import _builtins, _direct, _progress
-from .._capi import CELL_COMM, CELL_DATATYPE, CELL_OP, CELL_OWN, handle, mpi_allreduce, peek, poke
+from .. import _direct
+from .._capi import handle
 from .._comm import Context, complete, library_allreduce
 from ..kernels import DTYPES, Reduction
-from .registry import STALE, Call, register
+from .registry import register
 
 
 def mpi_allreduce_run(
@@ -64,46 +64,6 @@ def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
     return _direct.again_in_place, _direct.again_from, _cells(red, ctx.comm, count)
 
 
-# A leased call's cells (_cells' and then) the address of its class's cell of calls
-# left (see leased), and that of _progress.in_job.
-_LEFT, _IN_JOB = CELL_OWN, CELL_OWN + 1
-
-
-def _leased_call(cells, sbuf, rbuf, count):
-    """The C function of a leased call (_capi's CELL_FN): STALE, sending nothing,
-    once its class has no calls left or inside a nonblocking call's job; else one
-    call fewer left, and MPI_Allreduce."""
-    left = peek(cells + 8 * _LEFT)
-    calls = peek(left)
-    if calls <= 0 or peek(peek(cells + 8 * _IN_JOB)) != 0:
-        return STALE
-    poke(left, calls - 1)
-    datatype, op = peek(cells + 8 * CELL_DATATYPE), peek(cells + 8 * CELL_OP)
-    return np.int64(mpi_allreduce(sbuf, rbuf, count, datatype, op, peek(cells + 8 * CELL_COMM)))
-
-
-def leased(red: Reduction, comm: MPI.Intracomm, count: int, left: np.ndarray) -> Call:
-    """MPI_Allreduce of ``count`` elements of ``red`` on ``comm`` itself (the user's
-    communicator: the library's own collective needs no private one) while ``left``
-    (an int64 cell, shared by every call of a size class) holds calls left, each
-    call counting it down; then, and inside a nonblocking call's job, STALE,
-    sending nothing (the caller takes the full path, where auto's tuner goes on).
-    For :func:`direct` calls only."""
-    cells = _cells(red, comm, count, _builtins.compiled(_leased_call), left.ctypes.data,
-                   _progress.in_job.ctypes.data)  # fmt: skip
-
-    def again(work: np.ndarray, source: np.ndarray) -> None:
-        err = (_direct.again_in_place(work, cells) if source is work
-               else _direct.again_from(work, source, cells))  # fmt: skip
-        if err == STALE:  # no calls left, or other arrays: the call through mpi4py
-            MPI.Comm.Allreduce(comm, MPI.IN_PLACE if source is work else source, work, red.mpi_op)
-        elif err:
-            raise MPI.Exception(err)
-
-    again.left = left  # type: ignore[attr-defined]  # kept: its address is in the cells
-    return Call(again, cells, _direct.again_in_place, _direct.again_from)
-
-
 def warm(kinds) -> None:
     """Compile (or load from Numba's cache) the repeat's calls for 1-D arrays of the
     dtypes whose lanes are ``kinds`` (the baseline reduces the user's dtype itself:
@@ -115,7 +75,6 @@ def warm(kinds) -> None:
             _direct.again_in_place.compile((arr, cells))
             _direct.again_from.compile((arr, arr, cells))
     _direct.warm()
-    _builtins.compiled(_leased_call)
 
 
 register("mpi", mpi_allreduce_run, own=False, compiled=compiled, warm=warm,

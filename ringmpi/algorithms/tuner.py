@@ -49,18 +49,17 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, _cache, _host, _settings, _trace
-from .._comm import Context, context, library_allreduce, made
-from .registry import fits, get, names, prepare
+from .. import __version__, _direct, _host, _progress, _settings, _trace
+from .._comm import Context, library_allreduce
+from .registry import STALE, Call, fits, get, names, prepare
 
 __all__ = ["DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
-           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Trial", "cache_file", "lease_calls",
-           "leases", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
+           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "counted",
+           "lease_calls", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -313,6 +312,8 @@ class Tuner:
         self.path = cache_file(settings)
         self.known: dict[Key, str] = _load(ctx, self.path, layout, settings.retune_days)
         self.busy: set[Key] = set()  # classes settled on a busy node: not in the file
+        self.left: dict[Key, np.ndarray] = {}  # per class in its lease: calls left (a cell)
+        self.leased: dict[tuple, Call] = {}  # the incumbents' calls, counted off the lease
 
     def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
                collective: str = "allreduce"):  # fmt: skip
@@ -328,7 +329,16 @@ class Tuner:
                 return get(name, collective)
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
+        if _progress.in_job[0]:  # a nonblocking call's: the incumbent, never a trial
+            return Lease(self, shortlist[0], None)
         if trials is None:
+            if collective == "allreduce":
+                left = self.left.get(key)
+                if left is None:
+                    left = self.left[key] = np.array([lease_calls(nbytes, self.settings)],
+                                                     np.int64)  # fmt: skip
+                if left[0] > 0:
+                    return Lease(self, shortlist[0], left)
             trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
         i = trials.next()
@@ -428,7 +438,8 @@ def _load(ctx: Context, path: str | None, layout: str, retune_days: float) -> di
                     known[int(k) if collective == "allreduce" else f"{collective}:{k}"] = v[
                         "algorithm"
                     ]
-    return ctx.comm.bcast(known, root=0) if ctx.size > 1 else known
+    # (without a file every rank knows it knows nothing: no message)
+    return ctx.comm.bcast(known, root=0) if ctx.size > 1 and path is not None else known
 
 
 def _read(path: str) -> dict:
@@ -478,19 +489,19 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
 
 
-# --- the lease: an untuned class's first calls run the library's own call -----------
+# --- the lease: an untuned class's first calls run the model's best --------------
 #
-# The trials cost more than the calls they replace: a context for the communicator,
-# each candidate's first call (its compiled call loaded, its window made), and per
-# trial call its own Python and a copy of the data. A program that makes few calls
-# of a size never earns that back. So an untuned class first runs the library's
-# MPI_Allreduce (which gives the candidates' answer, to the bit: the tuner tries only
-# where they all do) for as many calls as cost, at the library's estimated speed,
-# what the trials will cost beyond the library's calls: the rent-or-buy rule, whose
-# total is at most twice that of the better of never tuning and tuning at once,
-# whichever the program turns out to need. A function of the size alone, so that
-# every rank counts the same calls and moves on at the same one. From SPREAD_FROM no
-# lease: the trials start with the model's best and cost little beyond it.
+# The trials cost more than the calls they replace: each candidate's first call (its
+# compiled call loaded, its window made), and per trial call its own Python and a
+# copy of the data. A program that makes few calls of a size never earns that back.
+# So below SPREAD_FROM an untuned class first runs the cost model's best candidate
+# (the incumbent, as the spread trials start with), counted from compiled code, for
+# as many calls as cost, at the library's estimated speed, what the trials will cost
+# beyond them: the rent-or-buy rule, whose total is at most twice that of the better
+# of never tuning and tuning at once, whichever the program turns out to need. A
+# function of the size alone, so that every rank counts the same calls and moves on
+# at the same one. From SPREAD_FROM no lease: the trials start with the incumbent
+# and cost little beyond it.
 # What the tuner's work costs, measured at 2 ranks on a 2-core host (examples/
 # first_calls.py): the first calls' setup, and a trial call's own Python and copy.
 _SETUP_S, _TRIAL_S = 6e-3, 100e-6
@@ -499,9 +510,9 @@ _LIBRARY_CALL_S, _LIBRARY_BYTE_S = 10e-6, 0.4e-9
 
 
 def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
-    """How many of an untuned class's first calls of ``nbytes`` run the library's call
+    """How many of an untuned class's first calls of ``nbytes`` run the model's best
     before its trials: the ``lease`` setting, or (auto) as many as cost what the
-    trials will cost beyond the library's calls; none from SPREAD_FROM."""
+    trials will cost beyond them; none from SPREAD_FROM."""
     if settings.lease is not None:
         return settings.lease
     if nbytes >= SPREAD_FROM:
@@ -512,56 +523,70 @@ def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
     return math.ceil(trials / library)
 
 
-class _Leases:
-    """A user communicator's leases: per size class, its calls left (an int64 cell that
-    the leased calls' compiled code counts down), and the leased calls made ready."""
+class Lease:
+    """What :func:`ringmpi.algorithms.choose` returns for a call of an untuned class
+    that runs the incumbent (``record``, the model's best): in the class's lease,
+    ``run`` counts the call off ``left``, the class's int64 cell of calls left, which
+    the incumbent's repeats count down from compiled code (:func:`counted`); with
+    ``left`` None (a nonblocking call's job, which runs no trial), it is neither
+    counted nor to be remembered for repeats."""
 
-    def __init__(self, comm: MPI.Intracomm, settings: _settings.Settings) -> None:
-        self.left: dict[int, np.ndarray] = {}
-        self.calls: dict[tuple[int, int], Any] = {}  # by (op and dtype's tag, count)
-        # Whether the tuner's file existed (rank 0's, agreed): then the context is made
-        # at a class's first call, to read what the file knows of it.
-        found = cache_file(settings)
-        self.file = False
-        if found is not None:
-            exists = np.array([comm.rank == 0 and os.path.exists(found)])
-            comm.Bcast(exists, root=0)
-            self.file = bool(exists[0])
+    resumable = None  # a nonblocking call's job runs it to its end
 
-    def left_of(self, comm: MPI.Intracomm, nbytes: int, settings: _settings.Settings):
-        """The cell of calls left of the lease of ``nbytes``'s class, made at the class's
-        first call: 0 where the tuner knows the class already (from its file, or from
-        this run). Collective where a tuner file is kept (every rank makes the same
-        calls, so every rank gets here alike)."""
-        klass = nbytes.bit_length()
-        left = self.left.get(klass)
-        if left is None:
-            ctx = context(comm) if self.file else made(comm)
-            if ctx is not None and ctx.tuner is None and self.file:
-                tuner(ctx, settings, *ctx.nodes(settings))  # reads the file
-            known = ctx is not None and ctx.tuner is not None and klass in ctx.tuner.known
-            calls = 0 if known else lease_calls(nbytes, settings)
-            left = self.left[klass] = np.array([calls], np.int64)
-        return left
+    def __init__(self, tuner: Tuner, record, left: np.ndarray | None) -> None:
+        self.tuner, self.record, self.left, self.name = tuner, record, left, record.name
+        self.own = record.own
 
+    def call(self, red, ctx: Context, count: int, timeout: float) -> Call:
+        """The incumbent's call of ``count`` elements of ``red``, counted, made once."""
+        key = (self.name, red.tag, count, timeout, id(self.left))
+        found = self.tuner.leased.get(key)
+        if found is None:
+            made = prepare(self.record, red, ctx, count, timeout)
+            found = made if self.left is None else counted(made, self.left)
+            self.tuner.leased[key] = found
+        return found
 
-def _forget(comm: MPI.Comm, keyval: int, leases: _Leases) -> None:
-    _cache.changed()  # the remembered leased calls name the freed communicator
+    def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
+        """The incumbent's call, counted off the lease (``more``: a half's counts; a
+        half has no lease)."""
+        if more:
+            self.record.run(work, red, ctx, source, timeout, *more)
+        else:
+            self.call(red, ctx, work.size, timeout).again(work, work if source is None
+                                                          else source)  # fmt: skip
 
 
-_keyval: list[int] = []
+def counted(call: Call, left: np.ndarray) -> Call:
+    """``call`` counted off ``left`` (an int64 cell of calls left): each call, from
+    Python or from compiled code, takes one; once none is left its repeats (``cells``,
+    ``in_place``, ``from_``) send nothing and return STALE, so that the API takes the
+    full path, where auto's tuner goes on. ``again`` always makes the call."""
+    plain = call.again
+    if call.cells is None:
 
+        def again_counted(work: np.ndarray, source: np.ndarray):
+            if left[0] <= 0:
+                return STALE  # the API's Python repeat path (_repeat) takes the full path
+            left[0] -= 1
+            plain(work, source)
+            return None
 
-def leases(comm: MPI.Intracomm, settings: _settings.Settings) -> _Leases:
-    """``comm``'s leases (the user's communicator; an attribute of it, freed with it),
-    made at its first leased call: collective where a tuner file is kept."""
-    if not _keyval:
-        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_forget))
-    found = cast("_Leases | None", comm.Get_attr(_keyval[0]))
-    if found is None:
-        found = _Leases(comm, settings)
-        comm.Set_attr(_keyval[0], found)
-    return found
+        again_counted.kept = (left, plain)  # type: ignore[attr-defined]
+        return Call(again_counted, step=call.step)
+    cells = _direct.counted(call.cells, left)
+    assert call.in_place is not None and call.from_ is not None  # made with the cells
+    in_place, from_ = call.in_place, call.from_
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        err = in_place(work, cells) if source is work else from_(work, source, cells)
+        if err == STALE:  # none left, or arrays the cells do not take: the call itself
+            plain(work, source)
+        elif err:
+            raise MPI.Exception(err)
+
+    again.kept = (left, call)  # type: ignore[attr-defined]  # their addresses are in the cells
+    return Call(again, cells, in_place, from_, call.step)
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

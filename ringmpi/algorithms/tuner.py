@@ -329,16 +329,16 @@ class Tuner:
                 return get(name, collective)
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
-        if _progress.in_job[0]:  # a nonblocking call's: the incumbent, never a trial
-            return Lease(self, shortlist[0], None)
+        job = bool(_progress.in_job[0])  # a nonblocking call's: never a trial, nor counted
+        if trials is None and collective == "allreduce":
+            left = self.left.get(key)
+            if left is None:
+                left = self.left[key] = np.array([lease_calls(nbytes, self.settings)], np.int64)
+            if left[0] > 0:
+                return Lease(self, shortlist[0], left, counts=not job)
+        if job:
+            return Lease(self, shortlist[0], None, counts=False)
         if trials is None:
-            if collective == "allreduce":
-                left = self.left.get(key)
-                if left is None:
-                    left = self.left[key] = np.array([lease_calls(nbytes, self.settings)],
-                                                     np.int64)  # fmt: skip
-                if left[0] > 0:
-                    return Lease(self, shortlist[0], left)
             trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
         i = trials.next()
@@ -525,36 +525,42 @@ def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
 
 class Lease:
     """What :func:`ringmpi.algorithms.choose` returns for a call of an untuned class
-    that runs the incumbent (``record``, the model's best): in the class's lease,
-    ``run`` counts the call off ``left``, the class's int64 cell of calls left, which
-    the incumbent's repeats count down from compiled code (:func:`counted`); with
-    ``left`` None (a nonblocking call's job, which runs no trial), it is neither
-    counted nor to be remembered for repeats."""
+    that runs the incumbent (``record``, the model's best). In the class's lease
+    (``left``, its int64 cell of calls left) the call is made ready counted
+    (:func:`counted`: its repeats count the cell down from compiled code), and
+    ``run`` counts itself off where ``counts``; a nonblocking call's job runs it
+    uncounted (what a job runs may differ from rank to rank: the step of a call
+    remembered, or the call). With ``left`` None (a job's call once the lease is
+    over: a job runs no trial) it is not to be remembered for repeats."""
 
     resumable = None  # a nonblocking call's job runs it to its end
 
-    def __init__(self, tuner: Tuner, record, left: np.ndarray | None) -> None:
-        self.tuner, self.record, self.left, self.name = tuner, record, left, record.name
-        self.own = record.own
+    def __init__(self, tuner: Tuner, record, left: np.ndarray | None, counts: bool) -> None:
+        self.tuner, self.record, self.left, self.counts = tuner, record, left, counts
+        self.name, self.own = record.name, record.own
 
-    def call(self, red, ctx: Context, count: int, timeout: float) -> Call:
-        """The incumbent's call of ``count`` elements of ``red``, counted, made once."""
+    def _calls(self, red, ctx: Context, count: int, timeout: float) -> tuple[Call, Call]:
+        """(the incumbent's call counted off ``left``, the same uncounted), made once."""
         key = (self.name, red.tag, count, timeout, id(self.left))
         found = self.tuner.leased.get(key)
         if found is None:
-            made = prepare(self.record, red, ctx, count, timeout)
-            found = made if self.left is None else counted(made, self.left)
+            plain = prepare(self.record, red, ctx, count, timeout)
+            found = (plain if self.left is None else counted(plain, self.left), plain)
             self.tuner.leased[key] = found
         return found
 
+    def call(self, red, ctx: Context, count: int, timeout: float) -> Call:
+        """The incumbent's call of ``count`` elements of ``red``, counted, made once."""
+        return self._calls(red, ctx, count, timeout)[0]
+
     def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
-        """The incumbent's call, counted off the lease (``more``: a half's counts; a
-        half has no lease)."""
+        """The incumbent's call, counted off the lease where it counts (``more``: a
+        half's counts; a half has no lease)."""
         if more:
             self.record.run(work, red, ctx, source, timeout, *more)
-        else:
-            self.call(red, ctx, work.size, timeout).again(work, work if source is None
-                                                          else source)  # fmt: skip
+            return
+        call = self._calls(red, ctx, work.size, timeout)[0 if self.counts else 1]
+        call.again(work, work if source is None else source)
 
 
 def counted(call: Call, left: np.ndarray) -> Call:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -17,7 +17,7 @@ from .kernels import Reduction, reduction
 
 # configure and configured are the settings' (the API names them from here, where the
 # registry that checks an algorithm's name is loaded).
-__all__ = ["Allreduce", "allreduce", "configure", "configured", "start", "warm"]
+__all__ = ["Allreduce", "allreduce", "configure", "configured", "warm"]
 
 
 def Allreduce(
@@ -211,39 +211,6 @@ def allreduce(
     Allreduce(send, result, op, comm, algorithm=algorithm, validate=validate, timeout=timeout,
               reproducible=reproducible)  # fmt: skip
     return result
-
-
-def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then,
-          timeout: float | None = None) -> None:  # fmt: skip
-    """An in-place all-reduce of ``recvbuf`` on the progress thread, which calls
-    ``then(error)`` (None when it succeeded) once it is done: for callers that hold a
-    future rather than an MPI request. Runs it at once, on this thread, where it is
-    the library's or no progress thread would carry it out. ``timeout``: as for
-    :func:`Allreduce`."""
-    call = _parse(MPI.IN_PLACE, recvbuf, op, comm, "auto", None, timeout, None)
-    if call.library or not _progress.threaded(context(cast(Any, call.comm), call.timeout)):
-        try:
-            Allreduce(MPI.IN_PLACE, recvbuf, op, comm, timeout=timeout)
-        except Exception as exc:  # the future carries it
-            then(exc)
-        else:
-            then(None)
-        return
-    job = _job(call, "auto", lambda done: then(done.error))
-    assert isinstance(call.comm, MPI.Intracomm)  # not the library's: a checked one
-    _progress.start(context(call.comm, call.timeout), job, request=False)
-
-
-def _job(call: _Call, algorithm: str, then=None) -> _progress.Job:
-    """The progress thread's job for a checked call (it holds the arrays until done)."""
-
-    def run() -> None:
-        assert call.recv is not None and call.red is not None  # not the library's (_arrays)
-        assert isinstance(call.comm, MPI.Intracomm)
-        _run(call.send, call.recv, call.nitems, call.red, call.comm, algorithm, call.validate,
-             call.timeout, call.ordered)  # fmt: skip
-
-    return _progress.Job(run, then)
 
 
 def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None, *,

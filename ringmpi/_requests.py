@@ -28,7 +28,7 @@ from .kernels import AVG, Reduction
 
 __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
            "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
-           "Reduce_scatter_init", "prepared", "started"]  # fmt: skip
+           "Reduce_scatter_init", "prepared", "start", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
 # request, by MPI family: a request of ringmpi's costs 5-13 us more than its blocking
@@ -384,6 +384,26 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
                                    recvbuf, made.op)  # fmt: skip
     run, step = _calls(made, sendbuf, recvbuf, comm)
     return _progress.start(made.ctx, _progress.Job(run, step=step))
+
+
+def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any], None],
+          timeout: float | None = None) -> None:  # fmt: skip
+    """An in-place all-reduce of ``recvbuf`` started as :func:`Iallreduce` starts it,
+    which calls ``then(error)`` (None when it succeeded) once it is done: for callers
+    that hold a future rather than an MPI request. Carried out at once, on this
+    thread, where it is the library's or no progress thread would carry it out."""
+    made = _allreduce_made(None, recvbuf, op, comm, "auto", None, timeout, None)
+    if not made.own or not _progress.threaded(made.ctx):
+        try:
+            _api.Allreduce(_IN_PLACE, recvbuf, made.op, comm, timeout=timeout)
+        except Exception as exc:  # the future carries it
+            then(exc)
+        else:
+            then(None)
+        return
+    run, step = _calls(made, None, recvbuf, comm)
+    _progress.start(made.ctx, _progress.Job(run, lambda job: then(job.error), step=step),
+                    request=False)  # fmt: skip
 
 
 def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,

@@ -47,7 +47,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 from torch.distributed import ReduceOp
 
-from . import _api, _halves, _progress
+from . import _api, _halves, _progress, _requests
 from ._comm import context, running, waited
 from ._errors import RingMPIError
 from .kernels import AVG, as_dtype
@@ -320,7 +320,7 @@ class _Group(_ProcessGroup):
             else:
                 future.set_exception(cast(Any, error))
 
-        _api.start(self._view(tensors[0]), op, self.comm, then, self.timeout)
+        _requests.start(self._view(tensors[0]), op, self.comm, then, self.timeout)
         return _Work(future)
 
     def _view(self, tensor: torch.Tensor) -> np.ndarray:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from . import _api, _torch_group  # (importing _torch_group registers the backend)
+from . import _requests, _torch_group  # (importing _torch_group registers the backend)
 from .kernels import AVG
 
 __all__ = ["allreduce_hook", "empty", "init_process_group", "zeros"]
@@ -62,7 +62,7 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
         else:
             future.set_exception(cast(Any, error))  # torch types its argument as the result's
 
-    _api.start(tensor, AVG, comm, then)
+    _requests.start(tensor, AVG, comm, then)
     return future
 
 

@@ -313,7 +313,7 @@ class Tuner:
         self.known: dict[Key, str] = _load(ctx, self.path, layout, settings.retune_days)
         self.busy: set[Key] = set()  # classes settled on a busy node: not in the file
         self.left: dict[Key, np.ndarray] = {}  # per class in its lease: calls left (a cell)
-        self.leased: dict[tuple, Call] = {}  # the incumbents' calls, counted off the lease
+        self.leased: dict[tuple, tuple[Call, Call]] = {}  # the incumbents: counted, plain
 
     def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
                collective: str = "allreduce"):  # fmt: skip

@@ -285,9 +285,14 @@ def _run(
     if loaded not in ctx.warmed and not red.half:  # the first call: one rank per node compiles
         algorithms.warm_on_node(ctx, red, algorithms.get(algo.name), timeout)
         ctx.warmed.add(loaded)
-    if _trace._active:
+    if _trace._active:  # (the trace counts the sends of the record's own run)
         _trace.record_call(algo.name)
-    algo.run(work, red, ctx, source, timeout)
+        algo.run(work, red, ctx, source, timeout)
+    elif isinstance(algo, (algorithms.Trial, algorithms.Lease)):
+        algo.run(work, red, ctx, source, timeout)
+    else:  # the call made ready, as its repeats make it
+        algorithms.prepared(algo, red, ctx, count, timeout).again(work, work if source is None
+                                                                  else source)  # fmt: skip
     if not direct:
         if count == recv.size:
             recv[...] = work.reshape(recv.shape)
@@ -298,7 +303,7 @@ def _run(
     if isinstance(algo, algorithms.Lease):  # its call, counted: remembered at once
         return None if algo.left is None else (functools.partial(algo.call, red, ctx, count,
                                                                   timeout), True)  # fmt: skip
-    return functools.partial(algorithms.prepare, algo, red, ctx, count, timeout), False
+    return functools.partial(algorithms.prepared, algo, red, ctx, count, timeout), False
 
 
 def _validate(ctx: Context, count: int, red: Reduction, algorithm: str, timeout: float) -> None:

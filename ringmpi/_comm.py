@@ -57,6 +57,9 @@ class Context:
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._plans: Bounded[tuple, Plan] = Bounded(_PLANS_KEPT)
+        # every record's calls made ready (registry.prepared): by (name, run, op and
+        # dtype, count, timeout)
+        self.calls: Bounded[tuple, Any] = Bounded(_CHOICES_KEPT)
         # auto's choice per (size, settings, ordered, half, ...), and while its tuner
         # tries candidates, what it decides between
         self.chosen: Bounded[tuple, Algorithm] = Bounded(_CHOICES_KEPT)

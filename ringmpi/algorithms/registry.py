@@ -43,8 +43,8 @@ from ..kernels import Reduction
 from ..plans import Plan
 
 __all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "Call", "check", "engine_run", "fits",
-           "get", "half_run", "listing", "lookup", "names", "prepare", "records", "register",
-           "unregister"]  # fmt: skip
+           "get", "half_run", "listing", "lookup", "names", "prepare", "prepared", "records",
+           "register", "unregister"]  # fmt: skip
 
 # Why a reduce-scatter that forwards partial results cannot take the half types.
 FORWARDS = ("forwards partial results, rounded to 16 bits at every step (shared_memory "
@@ -319,6 +319,16 @@ def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: 
         return Call(again, step=step)
     in_place, from_, cells = made
     return Call(again, cells, in_place, from_, step)
+
+
+def prepared(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
+    """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx``, made ready
+    once per communicator (:func:`prepare`): every kind of call takes it from here."""
+    key = (algo.name, algo.run, red.tag, count, timeout)  # (run: a half type's path)
+    found = ctx.calls.get(key)
+    if found is None:
+        found = ctx.calls.put(key, prepare(algo, red, ctx, count, timeout))
+    return found
 
 
 def _compiled_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):

@@ -55,7 +55,7 @@ from mpi4py import MPI
 
 from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
-from .registry import STALE, Call, fits, get, names, prepare
+from .registry import STALE, Call, fits, get, names, prepared
 
 __all__ = ["DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
            "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "counted",
@@ -130,7 +130,6 @@ class _Trials:
     second: bool = False  # the second round: the best own candidate against the library
     calls: int = 0
     times: list[list[float]] = field(default_factory=list)
-    repeats: dict = field(default_factory=dict)  # (name, op, dtype, count, timeout) -> again
     leads: dict = field(default_factory=dict)  # the same and in place -> copies(...)
     # seconds added to each candidate's median: what a repeat of it pays in Python
     # (the API's Python repeat path) that its trials, which time `again`, do not
@@ -250,14 +249,12 @@ class Trial:
             took = (time.perf_counter_ns() - t0) * 1e-9
         else:
             key = (self.name, red.name, red.dtype.str, work.size, timeout)
-            again = trials.repeats.get(key)
-            if again is None:
-                call = prepare(self.candidate, red, ctx, work.size, timeout)
-                again = trials.repeats[key] = call.again
-                if call.cells is None:  # its repeats pay the API's Python path
-                    from .. import _repeat  # noqa: PLC0415 -- it imports this package
+            call = prepared(self.candidate, red, ctx, work.size, timeout)
+            again = call.again
+            if call.cells is None and not trials.charged[i]:  # its repeats pay the API's
+                from .. import _repeat  # noqa: PLC0415 -- (Python path) it imports this package
 
-                    trials.charged[i] = _repeat.python_seconds()
+                trials.charged[i] = _repeat.python_seconds()
             if timed and work.nbytes <= _LEAD_BYTES and not trials.spread:
                 out, src = trials.copies(key, work, source)
                 again(out, src)  # the ranks come out of it as out of the call before
@@ -381,7 +378,7 @@ def _second_round(trials: _Trials, winner: str) -> _Trials:
     round's times kept: every rank decides on both rounds' calls."""
     pair = [trials.names.index(winner), trials.names.index("mpi")]
     return _Trials([trials.names[i] for i in pair], trials.timed, second=True,
-                   repeats=trials.repeats, leads=trials.leads,
+                   leads=trials.leads,
                    times=[list(trials.times[i]) for i in pair],
                    charged=[trials.charged[i] for i in pair],
                    runnable=trials.runnable)  # fmt: skip
@@ -544,7 +541,7 @@ class Lease:
         key = (self.name, red.tag, count, timeout, id(self.left))
         found = self.tuner.leased.get(key)
         if found is None:
-            plain = prepare(self.record, red, ctx, count, timeout)
+            plain = prepared(self.record, red, ctx, count, timeout)
             found = (plain if self.left is None else counted(plain, self.left), plain)
             self.tuner.leased[key] = found
         return found

@@ -54,11 +54,11 @@ def Allreduce(
     defaults are :func:`ringmpi.configure`'s settings.
     """
     # A repeat of an earlier call on the very same objects (a ringmpi._repeat.Entry),
-    # run here, inline, as it is the hot path. `run` checks the
+    # run here, inline, as it is the hot path. Its call's in_place and from_ check the
     # arrays (compiled, for the library's call) and sends nothing if they changed.
     hit = _latest.get(id(recvbuf))
     if hit is not None:
-        recv_ref, send_ref, args, settings, in_place, run, cells, _ = hit
+        recv_ref, send_ref, args, settings, made = hit
         if (
             recv_ref() is recvbuf
             and (op, comm, algorithm, validate, timeout, reproducible) == args
@@ -68,9 +68,9 @@ def Allreduce(
         ):
             if send_ref is None:
                 in_place_call = sendbuf is _IN_PLACE or sendbuf is None
-                err = in_place(recvbuf, cells) if in_place_call else _STALE
+                err = made.in_place(recvbuf, made.cells) if in_place_call else _STALE
             else:
-                err = run(recvbuf, sendbuf, cells) if send_ref() is sendbuf else _STALE
+                err = made.from_(recvbuf, sendbuf, made.cells) if send_ref() is sendbuf else _STALE
             if not err:
                 return
             if err != _STALE:

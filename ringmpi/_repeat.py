@@ -28,25 +28,19 @@ from mpi4py import MPI
 
 from . import _direct, _progress, _settings, _trace
 from ._cache import Bounded, derived
-from .algorithms.registry import STALE, Call
+from .algorithms.registry import Call, repeats
 
 __all__ = ["Entry", "entries", "latest", "python_seconds", "remember"]
 
 
 class Entry(NamedTuple):
-    """A remembered call: what confirms that a call is its repeat, and what runs it."""
+    """A remembered call: what confirms that a call is its repeat, and the call."""
 
     recv: weakref.ref  # recvbuf
     send: weakref.ref | None  # sendbuf; None: in place
     args: tuple  # (op, comm, algorithm, validate, timeout, reproducible), equal ones the same
     settings: _settings.Settings  # the snapshot it was made under
-    # in_place(recvbuf, cells) and run(recvbuf, sendbuf, cells): 0, an MPI error code, or
-    # STALE (nothing sent) when the arrays' shape, dtype or flags are no longer the call's
-    in_place: Callable[..., int]
-    run: Callable[..., int]
-    cells: np.ndarray | None  # the call prepared as cells (the C repeat path's), if any
-    # step(work, source, wait): the call started or carried on (registry.Call.step), if any
-    step: Callable[[np.ndarray, np.ndarray, bool], bool | None] | None = None
+    call: Call  # its in_place and from_ make it on these arrays (STALE: they changed)
 
 
 # Room for a training step's arrays, one per parameter, often a few hundred
@@ -57,7 +51,6 @@ entries: Bounded[tuple, Entry] = derived(Bounded(KEPT))
 # Per recvbuf, the entry its latest call ran: one int lookup finds it.
 latest: Bounded[int, Entry] = derived(Bounded(KEPT))
 _seen: Bounded[tuple, None] = derived(Bounded(KEPT))  # keys met once
-_STALE = STALE
 
 
 def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
@@ -87,53 +80,16 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
         _seen.put(key, None)
         return
     args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    latest.put(id(recvbuf), entries.put(key, _entry(args, send, recv, make())))
+    latest.put(id(recvbuf), entries.put(key, _entry(args, make())))
 
 
-def _entry(args: tuple, send, recv, call: Call) -> Entry:
+def _entry(args: tuple, call: Call) -> Entry:
     sendbuf, recvbuf, *rest = args
     settings = _settings.current()
-    if call.cells is not None:
-        assert call.in_place is not None and call.from_ is not None  # made with the cells
-        in_place, run, cells = call.in_place, call.from_, call.cells
-        if rest[2:] == ["auto", None, None, None]:  # no keyword but op and comm
-            _direct.install(sendbuf, recvbuf, rest[0], rest[1], call.cells, settings)
-    else:
-        in_place, run, cells = *_checked(call.again, recv, send), None
+    if call.cells is not None and rest[2:] == ["auto", None, None, None]:  # op and comm alone
+        _direct.install(sendbuf, recvbuf, rest[0], rest[1], call.cells, settings)
     return Entry(weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-                 tuple(rest), settings, in_place, run, cells, call.step)  # fmt: skip
-
-
-def _checked(again, recv: np.ndarray, send: np.ndarray | None) -> tuple:
-    """(in_place, run) for ``again(work, source)``, which takes 1-D arrays of this
-    call's dtype and size (and returns STALE where it sent nothing: a counted call,
-    :func:`ringmpi.algorithms.tuner.counted`): each checks the arrays first."""
-    shape, dtype = recv.shape, recv.dtype
-    send_shape = None if send is None else send.shape
-    flat = recv.ndim != 1 or (send is not None and send.ndim != 1)
-
-    def in_place(recvbuf: np.ndarray, _) -> int:
-        if recvbuf.shape != shape or recvbuf.dtype is not dtype or not recvbuf.flags.carray:
-            return _STALE  # carray: C-contiguous, aligned and writeable, in one lookup
-        work = recvbuf.reshape(-1) if flat else recvbuf  # a view of the same memory
-        # STALE: a counted call with none left sent nothing
-        return _STALE if again(work, work) == _STALE else 0
-
-    def run(recvbuf: np.ndarray, sendbuf: np.ndarray, _) -> int:
-        if (
-            recvbuf.shape != shape
-            or recvbuf.dtype is not dtype
-            or not recvbuf.flags.carray
-            or sendbuf.shape != send_shape
-            or sendbuf.dtype is not dtype
-            or not sendbuf.flags.c_contiguous
-        ):
-            return _STALE
-        if flat:
-            return _STALE if again(recvbuf.reshape(-1), sendbuf.reshape(-1)) == _STALE else 0
-        return _STALE if again(recvbuf, sendbuf) == _STALE else 0
-
-    return in_place, run
+                 tuple(rest), settings, call)  # fmt: skip
 
 
 def python_seconds() -> float:
@@ -146,10 +102,9 @@ def python_seconds() -> float:
     if not _SECONDS:
         call = _direct.entry_point()  # ringmpi.Allreduce
         a = np.zeros(1, np.float32)
-        in_place, run = _checked(lambda work, source: None, a, None)
+        nothing = Call(_nothing, *repeats(_nothing, a.dtype, a.size))
         args = (MPI.SUM, None, "auto", None, None, None)
-        latest[id(a)] = Entry(weakref.ref(a), None, args, _settings.current(), in_place, run,
-                              None)  # fmt: skip
+        latest[id(a)] = Entry(weakref.ref(a), None, args, _settings.current(), nothing)
         best = float("inf")
         try:
             for _ in range(5):
@@ -164,3 +119,7 @@ def python_seconds() -> float:
 
 
 _SECONDS: list[float] = []
+
+
+def _nothing(work: np.ndarray, source: np.ndarray) -> None:
+    """A call that does nothing (python_seconds times the path to it)."""

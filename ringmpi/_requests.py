@@ -300,7 +300,7 @@ def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
     in_place = send is MPI.IN_PLACE
     if (
         entry is None
-        or entry.step is None
+        or entry.call.step is None
         or _TRACES
         or entry.settings is not _NOW[0]
         or entry.recv() is not recvbuf
@@ -311,7 +311,7 @@ def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
         return None
     work = recv if recv.ndim == 1 else recv.reshape(-1)
     source = work if in_place else (send if send.ndim == 1 else send.reshape(-1))
-    return functools.partial(entry.step, work, source)
+    return functools.partial(entry.call.step, work, source)
 
 
 def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any,

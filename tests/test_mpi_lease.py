@@ -81,7 +81,7 @@ def test_calls_from_c_count_the_lease_down(settings, comm):
     agree(comm, problems)
     assert id(out) in _repeat.latest  # remembered at once, counted
     entry = _repeat.latest[id(out)]
-    if entry.cells is not None and _builtins.layout_ok():  # the C repeat path holds it
+    if entry.call.cells is not None and _builtins.layout_ok():  # the C repeat path holds it
         at = _direct._HEADER + _direct._WIDTH * _direct.slot(out, comm)
         assert _direct._state["holder"][at + _direct.RECV] == id(out)
     klass = mine.nbytes.bit_length()

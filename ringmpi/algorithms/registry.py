@@ -44,7 +44,7 @@ from ..plans import Plan
 
 __all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "Call", "check", "engine_run", "fits",
            "get", "half_run", "listing", "lookup", "names", "prepare", "prepared", "records",
-           "register", "unregister"]  # fmt: skip
+           "register", "repeats", "unregister"]  # fmt: skip
 
 # Why a reduce-scatter that forwards partial results cannot take the half types.
 FORWARDS = ("forwards partial results, rounded to 16 bits at every step (shared_memory "
@@ -277,26 +277,27 @@ def listing(capability: str, but: str = "") -> str:
 
 class Call(NamedTuple):
     """A record's all-reduce of one count, reduction and communicator, made ready once
-    (:func:`prepare`): the API's repeats and auto's tuner's trials make it.
+    (:func:`prepared`): every kind of call makes it.
 
     ``again(work, source)`` carries it out once more on 1-D arrays of that count
     and dtype (``source is work``: in place), with the least Python, raising its
-    errors. Where compiled code can make it with no Python between, ``cells``
-    holds it (ringmpi._capi's CELL_* layout; the API's C repeat path reads them),
-    and ``in_place(work, cells)`` and ``from_(work, source, cells)`` make it on the
-    arrays as the user passed them, each returning 0, an MPI error code, or STALE
-    (nothing sent: not the arrays ``cells`` were made for); an own algorithm's
-    raise its own errors.
+    errors. ``in_place(recvbuf, cells)`` and ``from_(recvbuf, sendbuf, cells)``
+    make it on the arrays as the user passed them (the API's repeats), each
+    returning 0, an MPI error code, or STALE (nothing sent: not arrays of its
+    dtype and count, C-contiguous and aligned, ``recvbuf`` writeable); an own
+    algorithm's raise its own errors. Where compiled code can make it with no
+    Python between, ``cells`` holds it (ringmpi._capi's CELL_* layout; the API's
+    C repeat path reads them, as do those two).
 
     Where the record's call can stop at a wait and go on later, ``step(work, source,
     wait)`` carries it out as far as it goes without waiting for another rank
     (``wait`` False: a nonblocking start or test) or to its end (True), and says
     whether it is done (None: not arrays of this call; nothing was done)."""
 
-    again: Callable[[np.ndarray, np.ndarray], None]
+    again: Callable[[np.ndarray, np.ndarray], Any]
+    in_place: Callable[..., int]
+    from_: Callable[..., int]
     cells: np.ndarray | None = None
-    in_place: Callable[..., int] | None = None
-    from_: Callable[..., int] | None = None
     step: Callable[[np.ndarray, np.ndarray, bool], bool | None] | None = None
 
 
@@ -316,9 +317,38 @@ def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: 
             fn(work, red, ctx, None if source is work else source, timeout)
 
     if made is None:
-        return Call(again, step=step)
+        return Call(again, *repeats(again, red.dtype, count), step=step)
     in_place, from_, cells = made
-    return Call(again, cells, in_place, from_, step)
+    return Call(again, in_place, from_, cells, step)
+
+
+def repeats(again: Callable[[np.ndarray, np.ndarray], Any], dtype: np.dtype,
+            count: int) -> tuple[Callable[..., int], Callable[..., int]]:  # fmt: skip
+    """(in_place, from_) of a call that ``again`` makes in Python: each checks the
+    arrays as the user passed them first, and returns STALE where ``again`` did (a
+    counted call with none left: nothing sent)."""
+
+    def in_place(recvbuf: np.ndarray, _cells: Any) -> int:
+        if recvbuf.dtype is not dtype or recvbuf.size != count or not recvbuf.flags.carray:
+            return STALE  # carray: C-contiguous, aligned and writeable, in one lookup
+        work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)  # a view, the same memory
+        return STALE if again(work, work) == STALE else 0
+
+    def from_(recvbuf: np.ndarray, sendbuf: np.ndarray, _cells: Any) -> int:
+        if (
+            recvbuf.dtype is not dtype
+            or recvbuf.size != count
+            or not recvbuf.flags.carray
+            or sendbuf.dtype is not dtype
+            or sendbuf.size != count
+            or not sendbuf.flags.c_contiguous
+        ):
+            return STALE
+        work = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+        source = sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1)
+        return STALE if again(work, source) == STALE else 0
+
+    return in_place, from_
 
 
 def prepared(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:

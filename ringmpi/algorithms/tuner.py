@@ -55,7 +55,7 @@ from mpi4py import MPI
 
 from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
-from .registry import STALE, Call, fits, get, names, prepared
+from .registry import STALE, Call, fits, get, names, prepared, repeats
 
 __all__ = ["DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
            "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "counted",
@@ -542,7 +542,8 @@ class Lease:
         found = self.tuner.leased.get(key)
         if found is None:
             plain = prepared(self.record, red, ctx, count, timeout)
-            found = (plain if self.left is None else counted(plain, self.left), plain)
+            found = (plain if self.left is None else counted(plain, self.left, red.dtype, count),
+                     plain)  # fmt: skip
             self.tuner.leased[key] = found
         return found
 
@@ -560,25 +561,32 @@ class Lease:
         call.again(work, work if source is None else source)
 
 
-def counted(call: Call, left: np.ndarray) -> Call:
-    """``call`` counted off ``left`` (an int64 cell of calls left): each call, from
-    Python or from compiled code, takes one; once none is left its repeats (``cells``,
-    ``in_place``, ``from_``) send nothing and return STALE, so that the API takes the
-    full path, where auto's tuner goes on. ``again`` always makes the call."""
+def counted(call: Call, left: np.ndarray, dtype: np.dtype, count: int) -> Call:
+    """``call`` (of ``count`` elements of ``dtype``) counted off ``left`` (an int64
+    cell of calls left): each call, from
+    Python or from compiled code, takes one; once none is left its repeats
+    (``in_place``, ``from_``, ``cells``) send nothing and return STALE, so that the
+    API takes the full path, where auto's tuner goes on. ``again`` always makes the
+    call."""
     plain = call.again
     if call.cells is None:
 
-        def again_counted(work: np.ndarray, source: np.ndarray):
+        def again_counted(work: np.ndarray, source: np.ndarray) -> int:
             if left[0] <= 0:
-                return STALE  # the API's Python repeat path (_repeat) takes the full path
+                return STALE
             left[0] -= 1
             plain(work, source)
-            return None
+            return 0
 
         again_counted.kept = (left, plain)  # type: ignore[attr-defined]
-        return Call(again_counted, step=call.step)
+        in_place, from_ = repeats(again_counted, dtype, count)
+
+        def always(work: np.ndarray, source: np.ndarray) -> None:
+            if again_counted(work, source) == STALE:
+                plain(work, source)
+
+        return Call(always, in_place, from_, None, call.step)
     cells = _direct.counted(call.cells, left)
-    assert call.in_place is not None and call.from_ is not None  # made with the cells
     in_place, from_ = call.in_place, call.from_
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
@@ -589,7 +597,7 @@ def counted(call: Call, left: np.ndarray) -> Call:
             raise MPI.Exception(err)
 
     again.kept = (left, call)  # type: ignore[attr-defined]  # their addresses are in the cells
-    return Call(again, cells, in_place, from_, call.step)
+    return Call(again, in_place, from_, cells, call.step)
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

@@ -4,7 +4,7 @@
         [--max SIZE]
 
 Each size: calls of auto until its tuner has settled the size class (untimed:
-the lease of the library's call, then the trials),
+the lease of the model's best, then the trials),
 then 7 rounds in which the two paths take turns, each a barrier and then a
 loop of the same call (``ringmpi.Allreduce(MPI.IN_PLACE, x)``, as a user calls
 it, and ``comm.Allreduce(MPI.IN_PLACE, x)``); a round's time is the slowest

@@ -5,7 +5,7 @@ Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
 library's own MPI_Allreduce costs on this machine, nor how far the model is off
 here. So for each size class (the powers of two: a call of n bytes is in class
 ``n.bit_length()``), once its lease is over (below: its first calls run the
-library's own call), the next calls are trials: the model's two best algorithms
+cost model's best), the next calls are trials: the model's two best algorithms
 and the library's MPI_Allreduce (where it gives ringmpi's answer:
 :func:`ringmpi.algorithms.library_agrees`; the others are tuned apart, as
 class ``-n.bit_length()``) take turns, each once untimed and then

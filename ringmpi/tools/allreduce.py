@@ -470,9 +470,9 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
     with _settings.using(entry.settings):
         ordered = entry.settings.reproducible  # as the call will see it
         tuned = False
-        if entry.base == "auto":  # auto's tuner tries its candidates first (untimed)
+        if entry.base == "auto":  # auto's lease and tuner's trials first (untimed)
             while isinstance(algorithms.choose("auto", nbytes, ctx, red, ordered),
-                             algorithms.Trial):  # fmt: skip
+                             (algorithms.Trial, algorithms.Lease)):  # fmt: skip
                 call()
                 tuned = True
         chosen = RAW if raw else algorithms.choose("auto", nbytes, ctx, red, ordered).name

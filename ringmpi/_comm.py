@@ -155,15 +155,17 @@ class Context:
         """A barrier of this rank's node whose waiting ranks sleep (they leave the
         cores to a rank still working), giving up after ``timeout`` (0: never). Where
         the node's ranks arrive together (nothing to compile) it returns without a
-        sleep: it tests for _SPIN_S first."""
+        sleep: it tests for _SPIN_S first. Each sleep is an eighth of the wait so far
+        (2 ms at most): a rank a little late costs its node a little more, not 2 ms."""
         req = self.node.Ibarrier()
         start = time.monotonic()
         while not req.Test() and time.monotonic() - start < _SPIN_S:
             pass
         while not req.Test():
-            if timeout and time.monotonic() - start > timeout:
+            waited = time.monotonic() - start
+            if timeout and waited > timeout:
                 raise timed_out(self, timeout, where, "the other ranks of its node (a barrier)")
-            time.sleep(0.002)
+            time.sleep(min(0.002, waited / 8))
 
     def barrier(self) -> None:
         if self.sleepy:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
+import importlib
 import os
 import threading
 import warnings
@@ -734,6 +735,13 @@ _MPIX = _Mpix()
 
 
 def warm() -> None:
-    """Load what the completion calls' requests run (MPI's generalized requests'
-    callbacks, compiled by Numba), as a first nonblocking call would."""
-    _MPIX.usable()
+    """Load what a first nonblocking call runs, compiled by Numba: the generalized
+    requests' callbacks and their start (its free cells made), their completion,
+    and the thread's poll; and the module of the nonblocking calls."""
+    if _MPIX.usable():
+        _MPIX._refill()
+    i64 = numba.int64
+    _grequest_end.compile((i64, numba.boolean))
+    _grequest_reported.compile((i64,))
+    _poll.compile((numba.int64[::1], i64, i64, i64))
+    importlib.import_module("ringmpi._requests")

@@ -6,9 +6,9 @@ Who carries the queue out is the ``progress`` setting: a progress thread
 (``thread``), which runs the same compiled loops as a blocking call (they
 release the GIL) on the communicator's private duplicate while the program
 goes on; or the program's own thread (``wait``), in the first ``Wait`` or
-``Test`` on one of the queued calls' requests, in call order (a ``Test`` on
-the first queued call carries it on only as far as it goes without waiting for
-another rank, where its algorithm can stop at a wait: :class:`Job`). ``auto`` takes
+``Test`` on one of the queued calls' requests, in call order (a ``Test``
+carries the calls up to its own on only as far as each goes without waiting
+for another rank, where their algorithms can stop at a wait: :class:`Job`). ``auto`` takes
 the thread where the node has a spare core for it (at least twice as many
 cores as ranks) and MPI allows threads, else ``wait``: a progress thread
 with no core of its own only takes turns with the program, and each turn
@@ -252,13 +252,12 @@ def finish(job: Job) -> None:
 
 
 def progressed(job: Job) -> bool:
-    """Whether ``job`` is done, carrying it on first where no thread does (a test must
-    make progress, or a loop of tests would never end): as far as it goes without
-    waiting where it can stop at a wait and is the first queued, else to its end."""
+    """Whether ``job`` is done, carrying the calls queued up to it on first where no
+    thread does (a test must make progress, or a loop of tests would never end):
+    :meth:`Progress.towards`."""
     queue = job.queue
-    if (not job.done and queue is not None and not queue.threaded
-            and (job.step is None or not queue.advance(job))):  # fmt: skip
-        queue.until(job)
+    if not job.done and queue is not None and not queue.threaded:
+        queue.towards(job)
     return job.done
 
 
@@ -344,16 +343,28 @@ class Progress:
             job.ended(True)
         return True
 
+    def towards(self, job: Job) -> None:
+        """Carry the queued calls on in order, up to ``job`` (no thread carries the
+        queue): each that can stop at a wait as far as it goes without waiting for
+        another rank (where it is not done, the others wait behind it), any other to
+        its end. A test of any started call thus never waits for a rank where the
+        calls before it can stop."""
+        queue = self._queue
+        while not job.done and queue and self._running is None:
+            head = queue[0]
+            if head is None:
+                return
+            if head.step is None or not self.advance(head):
+                self._run_queued(head)
+            elif not head.done:
+                return
+
     def wait(self, job: Job) -> None:
         """Return once the thread has carried out ``job`` (polling a while, then sleeping)."""
         if self._poll_ns and not job.done:
             _poll(self._counts, _FINISHED, job.number, self._poll_ns)
         with self._cv:
             self._cv.wait_for(lambda: job.done)
-
-    def until(self, job: Job) -> None:
-        """Carry out the queued calls up to ``job`` on this thread (no progress thread)."""
-        self._run_queued(job)
 
     def free(self) -> None:
         """Run what is queued, then end the thread."""

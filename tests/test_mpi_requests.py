@@ -295,6 +295,48 @@ def test_a_started_call_goes_on_in_test_without_waiting_for_a_late_rank(settings
     agree(WORLD, problems)
 
 
+@pytest.mark.parametrize("algorithm", RESUMABLE)
+def test_any_of_two_started_calls_is_tested_without_waiting_for_a_late_rank(settings,
+                                                                             algorithm):  # fmt: skip
+    """Two all-reduces started on one communicator under ``progress="wait"``: a Test
+    of the second carries the first on as far as it goes and never waits for
+    another rank (the others start both only once rank 0's first Test of the
+    second returned); Tests of the second alone then complete both, exact. A Test
+    that ran the first call to its end would wait for ranks that never start,
+    until the timeout named them."""
+    if SIZE == 1:
+        pytest.skip("needs a rank that starts late")
+    settings(progress="wait")
+    dup = WORLD.Dup()
+    x, y = np.zeros(BIG), np.zeros(BIG)
+
+    def start(a: np.ndarray) -> MPI.Request:
+        return ringmpi.Iallreduce(MPI.IN_PLACE, a, comm=dup, algorithm=algorithm, timeout=10)
+
+    problems = []
+    for k in range(4):
+        x[...], y[...] = ints(BIG, k), ints(BIG, k + 1)
+        if k < 2:  # the communicator set up, both calls remembered
+            MPI.Request.Waitall([start(x), start(y)])
+        else:
+            if RANK != 0:
+                WORLD.recv(source=0, tag=k)
+            first, second = start(x), start(y)
+            if RANK == 0:
+                tested = second.Test()
+                for r in range(1, SIZE):
+                    WORLD.send(tested, dest=r, tag=k)
+                if tested:
+                    problems.append(f"round {k}: a Test completed before the others started")
+            while not second.Test():
+                pass
+            problems += [] if first.Test() else [f"round {k}: the first not done after the second"]
+        problems += mismatch(f"round {k}, first", x, summed(BIG, k))
+        problems += mismatch(f"round {k}, second", y, summed(BIG, k + 1))
+    dup.Free()
+    agree(WORLD, problems)
+
+
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out-of-place"])
 @pytest.mark.parametrize(("collective", "algorithm"), HALVES_RESUMABLE)
 def test_a_started_half_goes_on_in_test_without_waiting_for_a_late_rank(settings, collective,

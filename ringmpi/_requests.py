@@ -265,13 +265,22 @@ def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: s
     return made
 
 
-def _calls(made: _Made, sendbuf: Any, recvbuf: Any, comm: Any) -> tuple[Any, Any]:
-    """ringmpi's call of ``made`` on these objects: ``run()`` (the blocking call as given:
-    where it repeats, the arrays' checks and auto's choice are remembered, and it runs
-    from C) and its step finder (:func:`_step`)."""
-    send = MPI.IN_PLACE if sendbuf is None else sendbuf
-    return (functools.partial(_api.Allreduce, send, recvbuf, made.op, comm, **made.keywords),
-            functools.partial(_step, made.given[2:], send, recvbuf, made.op, comm))  # fmt: skip
+class _Started:
+    """ringmpi's call of ``made`` on these objects: ``run()`` carries it out as the
+    blocking call given (where it repeats, the arrays' checks and auto's choice are
+    remembered, and it runs from C); ``step()`` finds its step (:func:`_step`)."""
+
+    __slots__ = ("comm", "made", "recv", "send")
+
+    def __init__(self, made: _Made, sendbuf: Any, recvbuf: Any, comm: Any) -> None:
+        self.made, self.recv, self.comm = made, recvbuf, comm
+        self.send = _IN_PLACE if sendbuf is None else sendbuf
+
+    def run(self) -> None:
+        _api.Allreduce(self.send, self.recv, self.made.op, self.comm, **self.made.keywords)
+
+    def step(self) -> Callable[[bool], bool | None] | None:
+        return _step(self.made.given[2:], self.send, self.recv, self.made.op, self.comm)
 
 
 def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
@@ -284,9 +293,9 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(made.comm, send, recvbuf, made.op)
 
-    run, step = _calls(made, sendbuf, recvbuf, comm) if made.own else (None, None)
-    call = Prepared("Allreduce", made.comm, made.timeout, run, library)
-    call.step, call.ctx = step, made.ctx
+    started = _Started(made, sendbuf, recvbuf, comm) if made.own else None
+    call = Prepared("Allreduce", made.comm, made.timeout, started and started.run, library)
+    call.step, call.ctx = started and started.step, made.ctx
     return call
 
 
@@ -382,8 +391,8 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,
                                    recvbuf, made.op)  # fmt: skip
-    run, step = _calls(made, sendbuf, recvbuf, comm)
-    return _progress.start(made.ctx, _progress.Job(run, step=step))
+    started = _Started(made, sendbuf, recvbuf, comm)
+    return _progress.start(made.ctx, _progress.Job(started.run, step=started.step))
 
 
 def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any], None],
@@ -401,9 +410,9 @@ def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any
         else:
             then(None)
         return
-    run, step = _calls(made, None, recvbuf, comm)
-    _progress.start(made.ctx, _progress.Job(run, lambda job: then(job.error), step=step),
-                    request=False)  # fmt: skip
+    started = _Started(made, None, recvbuf, comm)
+    _progress.start(made.ctx, _progress.Job(started.run, lambda job: then(job.error),
+                                            step=started.step), request=False)  # fmt: skip
 
 
 def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,

@@ -293,9 +293,11 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(made.comm, send, recvbuf, made.op)
 
-    started = _Started(made, sendbuf, recvbuf, comm) if made.own else None
-    call = Prepared("Allreduce", made.comm, made.timeout, started and started.run, library)
-    call.step, call.ctx = started and started.step, made.ctx
+    call = Prepared("Allreduce", made.comm, made.timeout, None, library)
+    if made.own:
+        started = _Started(made, sendbuf, recvbuf, comm)
+        call.run, call.step = started.run, started.step
+    call.ctx = made.ctx
     return call
 
 

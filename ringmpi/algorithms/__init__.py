@@ -291,20 +291,22 @@ def warm_on_node(ctx: Context, red: Reduction, record: Algorithm | None = None,
                  timeout: float = 0.0) -> float:  # fmt: skip
     """:func:`warm` once per node: the node's first rank compiles into Numba's cache,
     while the node's other ranks wait (sleeping, so that they leave it the cores;
-    ``timeout`` as for a call), then load what it wrote. Collective over the
+    ``timeout`` as for a call), then load what it wrote: collective over the
     communicator's node. Where the node's ranks have a core each, every rank
     compiles at once instead (as fast as one, without the others' loads after
-    it). Returns this rank's seconds of compiling or loading."""
+    it), and none waits here: the call's own messages bring the ranks together.
+    Returns this rank's seconds of compiling or loading."""
     # The reduction's own kernels (Reduction.fold) run in no algorithm: warmed only
     # with every algorithm.
     ranks = ctx.node.Get_size()
-    compiles = ctx.node.Get_rank() == 0 or ranks <= (os.cpu_count() or 1)
+    everyone = ranks <= (os.cpu_count() or 1)  # (the same on every rank of the node)
+    compiles = everyone or ctx.node.Get_rank() == 0
 
     def load() -> float:
         return (red.warm() if record is None else 0.0) + warm(red, record)
 
     took = load() if compiles else 0.0
-    if ranks > 1:
+    if ranks > 1 and not everyone:
         ctx.wait_on_node(f"rank {ctx.rank}: waiting for its node's first rank to compile "
                          "ringmpi's loops", timeout)  # fmt: skip
     if not compiles:

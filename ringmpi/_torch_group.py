@@ -386,13 +386,6 @@ class _Group(_ProcessGroup):
         with _Contiguous(output) as out, _Contiguous(input) as inp:
             _halves.Reduce_scatter_block(raw(inp), raw(out), op, self.comm, timeout=self.timeout)
         return _done(output)
-        if input.dtype == torch.bool:  # as bytes of 0 and 1: or, and, xor
-            op = _op(opts, _BOOL_OPS)
-        with _Contiguous(output) as out, _Contiguous(input) as inp:
-            _halves.Reduce_scatter_block(_bytes(inp) if input.dtype == torch.bool else inp,
-                                         _bytes(out) if input.dtype == torch.bool else out,
-                                         op, self.comm, timeout=self.timeout)  # fmt: skip
-        return _done(output)
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor],

@@ -1,7 +1,7 @@
 """What a request costs: ringmpi's own nonblocking and persistent all-reduce against the
 library's, and ringmpi's blocking call, by size.
 
-    mpirun -n 2 python examples/request_cost.py
+    mpirun -n 2 python examples/request_cost.py [--sizes 8,1K,16K,64K,256K,1M]
 
 Each size (float32 SUM, in place): ringmpi's blocking ``Allreduce``; its own
 ``Iallreduce`` + ``Wait`` and ``Allreduce_init``'s ``Start`` + ``Wait``, made
@@ -14,6 +14,7 @@ call; prints the medians in µs. The last result of each path must be exact.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -23,11 +24,15 @@ from mpi4py import MPI
 import ringmpi
 from ringmpi import _requests
 
-SIZES = [8, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
+SIZES = "8,1K,16K,64K,256K,1M"
 ROUNDS = 9
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default=SIZES, help=f"bytes, comma list ({SIZES})")
+    sizes = [int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] if s[-1] in "KM" else int(s)
+             for s in parser.parse_args().sizes.split(",")]  # fmt: skip
     comm = MPI.COMM_WORLD
     _requests._own_from[:] = [0]  # ringmpi's own request at every size
     exact = True
@@ -35,7 +40,7 @@ def main() -> None:
         print(f"# {MPI.Get_library_version().splitlines()[0].strip()}, {comm.size} ranks")
         print(f"{'bytes':>8} {'blocking':>9} {'own I+W':>8} {'lib I+W':>8} {'own S+W':>8} "
               f"{'lib S+W':>8}  exact")  # fmt: skip
-    for nbytes in SIZES:
+    for nbytes in sizes:
         x = np.ones(max(1, nbytes // 4), np.float32)
         reps = 400 if nbytes <= 64 << 10 else 100
         for _ in range(50):

@@ -31,10 +31,11 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Reduce_scatter_init", "prepared", "start", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
-# request, by MPI family: a request of ringmpi's costs 5-13 us more than its blocking
-# call, which MPICH's own requests outweigh from 64 KiB on, Intel MPI's only from
-# 1 MiB (2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
-OWN_FROM_BYTES = {"MPICH": 64 << 10}
+# request, by MPI family: a request of ringmpi's costs 6-9 us more than its blocking
+# call up to 256 KiB, which MPICH's own requests outweigh from 64 KiB on, Intel
+# MPI's only from 2 MiB (at 1 MiB its own cost 5-16 % less than ringmpi's; 2 ranks,
+# docs/performance.md); others (Open MPI), 1 MiB.
+OWN_FROM_BYTES = {"MPICH": 64 << 10, "Intel": 2 << 20}
 _OWN_FROM_OTHERS = 1 << 20
 _own_from: list[int] = []  # this process's, once known
 
@@ -369,10 +370,10 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     error (a timeout, ranks that disagree) with the blocking call's message.
     Leave the buffers alone until then. A blocking call on the same communicator
     first waits for the nonblocking ones started before it. Under auto, buffers
-    below :func:`own_from_bytes` (64 KiB under MPICH, 1 MiB under the others) go
-    to the library's own ``comm.Iallreduce``, as do calls ringmpi cannot reduce
-    itself and, where neither a thread nor the completion calls can carry the
-    call out, every call.
+    below :func:`own_from_bytes` (64 KiB under MPICH, 2 MiB under Intel MPI, 1 MiB
+    under the others) go to the library's own ``comm.Iallreduce``, as do calls
+    ringmpi cannot reduce itself and, where neither a thread nor the completion
+    calls can carry the call out, every call.
     """
     # The latest call on recvbuf, where this one repeats it, inline: a start's own cost
     # is what a program that computes between start and wait pays for overlapping.

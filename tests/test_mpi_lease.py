@@ -147,7 +147,7 @@ def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settin
     if comm.size == 1:
         pytest.skip("one rank: nothing to tune, no lease")
     settings(tuner="memory", lease=8, progress=progress)
-    mine, exact = _inputs(comm, 1 << 18)  # 1 MiB: ringmpi's own nonblocking call, not MPI's
+    mine, exact = _inputs(comm, 1 << 19)  # 2 MiB: ringmpi's own nonblocking call in every family
     out = np.empty_like(mine)
     with ringmpi.trace() as blocking:
         for _ in range(2):  # leased, and remembered: the repeat path holds the counted call
@@ -193,7 +193,7 @@ def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settin
 def test_a_nonblocking_half_of_an_untuned_class_runs_the_incumbent(settings, comm):
     """A nonblocking reduce-scatter's job runs no trial: the model's best, to the bit."""
     settings(tuner="memory", lease=LEASE, progress="thread")
-    per = 1 << 18  # 1 MiB a rank: ringmpi's own nonblocking call under every family
+    per = 1 << 19  # 2 MiB a rank: ringmpi's own nonblocking call under every family
     mine, exact = _inputs(comm, per * comm.size)
     out = np.empty(per, np.int32)
     problems = []

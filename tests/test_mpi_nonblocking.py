@@ -148,14 +148,14 @@ def test_a_timeout_surfaces_at_wait_naming_the_rank():
 def test_the_progress_thread_ends_with_the_communicator(settings):
     settings(progress="thread")
     comm = WORLD.Dup()
-    buf = inputs(1 << 17)  # 1 MiB: ringmpi's, not the library's
+    buf = inputs(1 << 18)  # 2 MiB: ringmpi's, not the library's, in every family
     ringmpi.Iallreduce(MPI.IN_PLACE, buf, comm=comm).Wait()
     threads = _progress.threading.enumerate()
     before = sum(1 for t in threads if t.name == "ringmpi-progress")
     comm.Free()
     after = sum(1 for t in _progress.threading.enumerate() if t.name == "ringmpi-progress")
     problems = [] if after == before - 1 else [f"progress threads {before} -> {after}"]
-    agree(WORLD, problems + mismatch("freed", buf, expected(1 << 17)))
+    agree(WORLD, problems + mismatch("freed", buf, expected(1 << 18)))
 
 
 @pytest.mark.parametrize("progress", ["thread", "wait"])
@@ -166,7 +166,7 @@ def test_a_repeat_never_overtakes_a_queued_call(settings, progress):
     for k in range(3):  # remembered: from the third call on, a repeat
         buf[...] = inputs(64, k=k)
         ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)
-    big = inputs(1 << 17, k=7)
+    big = inputs(1 << 18, k=7)  # 2 MiB: ringmpi's own request in every family
     queued = ringmpi.Iallreduce(MPI.IN_PLACE, big, comm=comm)
     buf[...] = inputs(64, k=3)
     ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)  # the queued call runs first
@@ -176,5 +176,5 @@ def test_a_repeat_never_overtakes_a_queued_call(settings, progress):
         buf[...] = inputs(64, k=k)
         ringmpi.Allreduce(MPI.IN_PLACE, buf, comm=comm)
     comm.Free()
-    problems += mismatch("queued", big, expected(1 << 17, k=7))
+    problems += mismatch("queued", big, expected(1 << 18, k=7))
     agree(WORLD, problems + mismatch("repeat", buf, expected(64, k=5)))

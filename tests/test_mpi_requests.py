@@ -249,19 +249,30 @@ def late_rank(start, fill, result) -> list[str]:
         problems += result(f"call {k}", k)
     for k in range(3, 6):
         fill(k)
-        if RANK != 0:
-            WORLD.recv(source=0, tag=k)
-        req = start()
-        if RANK == 0:
-            first = req.Test()
-            for r in range(1, SIZE):
-                WORLD.send(first, dest=r, tag=k)
-            if first:
-                problems.append(f"start {k}: the first Test completed before the others started")
-        while not req.Test():
-            pass
+        problems += started_late(k, lambda: [start()])[0]
         problems += result(f"start {k}", k)
     return problems
+
+
+def started_late(k: int, start) -> tuple[list[str], list[MPI.Request]]:
+    """Rank 0 starts ``start()``'s requests and tests the last once; the other ranks
+    start theirs only once told that Test returned (it must not have completed);
+    then Tests of the last alone, on every rank, until it completes. Returns the
+    problems and the requests."""
+    if RANK != 0:
+        WORLD.recv(source=0, tag=k)
+    requests = start()
+    last = requests[-1]
+    problems = []
+    if RANK == 0:
+        first = last.Test()
+        for r in range(1, SIZE):
+            WORLD.send(first, dest=r, tag=k)
+        if first:
+            problems.append(f"start {k}: the first Test completed before the others started")
+    while not last.Test():
+        pass
+    return problems, requests
 
 
 # hierarchical also across emulated nodes (at 3 ranks one of two, one of one): its
@@ -321,18 +332,8 @@ def test_any_of_two_started_calls_is_tested_without_waiting_for_a_late_rank(sett
             for req in [start(x), start(y)]:  # (their own Wait: any family under "wait")
                 req.Wait()
         else:
-            if RANK != 0:
-                WORLD.recv(source=0, tag=k)
-            first, second = start(x), start(y)
-            if RANK == 0:
-                tested = second.Test()
-                for r in range(1, SIZE):
-                    WORLD.send(tested, dest=r, tag=k)
-                if tested:
-                    problems.append(f"round {k}: a Test completed before the others started")
-            while not second.Test():
-                pass
-            problems += [] if first.Test() else [f"round {k}: the first not done after the second"]
+            more, (first, _) = started_late(k, lambda: [start(x), start(y)])
+            problems += more if first.Test() else [*more, f"round {k}: the first not done"]
         problems += mismatch(f"round {k}, first", x, summed(BIG, k))
         problems += mismatch(f"round {k}, second", y, summed(BIG, k + 1))
     dup.Free()

@@ -316,7 +316,7 @@ import warnings, numpy as np
 from mpi4py import MPI
 import ringmpi
 from ringmpi import _progress
-x = np.full(1 << 17, MPI.COMM_WORLD.Get_rank() + 1.0)  # 1 MiB: ringmpi's own
+x = np.full(1 << 18, MPI.COMM_WORLD.Get_rank() + 1.0)  # 2 MiB: ringmpi's own in every family
 with warnings.catch_warnings(record=True) as w:
     warnings.simplefilter("always")
     req = ringmpi.Iallreduce(MPI.IN_PLACE, x)

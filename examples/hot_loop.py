@@ -92,7 +92,7 @@ def _untuned(comm: MPI.Intracomm, nbytes: int) -> bool:
     """Whether auto's tuner has yet to settle ``nbytes``'s class on ``comm``."""
     red = kernels.reduction(MPI.SUM, np.float32)
     chosen = algorithms.choose("auto", nbytes, _comm.context(comm), red, False)
-    return isinstance(chosen, (algorithms.Trial, algorithms.Lease))
+    return isinstance(chosen, algorithms.UNSETTLED)
 
 
 def _ran(comm: MPI.Intracomm, nbytes: int) -> str:

@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import _requests
+from ringmpi.tools._units import parse_size
 
 SIZES = "8,1K,16K,64K,256K,1M"
 ROUNDS = 9
@@ -31,8 +32,7 @@ ROUNDS = 9
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=SIZES, help=f"bytes, comma list ({SIZES})")
-    sizes = [int(s[:-1]) << {"K": 10, "M": 20}[s[-1]] if s[-1] in "KM" else int(s)
-             for s in parser.parse_args().sizes.split(",")]  # fmt: skip
+    sizes = [parse_size(s) for s in parser.parse_args().sizes.split(",")]
     comm = MPI.COMM_WORLD
     _requests._own_from[:] = [0]  # ringmpi's own request at every size
     exact = True

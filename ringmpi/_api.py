@@ -288,7 +288,7 @@ def _run(
     if _trace._active:  # (the trace counts the sends of the record's own run)
         _trace.record_call(algo.name)
         algo.run(work, red, ctx, source, timeout)
-    elif isinstance(algo, (algorithms.Trial, algorithms.Lease)):
+    elif isinstance(algo, algorithms.UNSETTLED):
         algo.run(work, red, ctx, source, timeout)
     else:  # the call made ready, as its repeats make it
         algorithms.prepared(algo, red, ctx, count, timeout).again(work, work if source is None

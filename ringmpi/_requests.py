@@ -31,10 +31,10 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Reduce_scatter_init", "prepared", "start", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
-# request, by MPI family: a request of ringmpi's costs 6-9 us more than its blocking
-# call up to 256 KiB, which MPICH's own requests outweigh from 64 KiB on, Intel
-# MPI's only from 2 MiB (at 1 MiB its own cost 5-16 % less than ringmpi's; 2 ranks,
-# docs/performance.md); others (Open MPI), 1 MiB.
+# request, by MPI family: a request of ringmpi's costs 5.5-10.3 us more than its
+# blocking call up to 256 KiB, which MPICH's own requests outweigh from 64 KiB on,
+# Intel MPI's only from 2 MiB (at 1 MiB its own cost 6-14 % less than ringmpi's;
+# 2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
 OWN_FROM_BYTES = {"MPICH": 64 << 10, "Intel": 2 << 20}
 _OWN_FROM_OTHERS = 1 << 20
 _own_from: list[int] = []  # this process's, once known

@@ -47,8 +47,13 @@ from .registry import (
 )
 from .tuner import Lease, Trial
 
+# What choose returns for a call of a class auto's tuner has not settled yet (its
+# lease, its trials): not kept, the next call may get another.
+UNSETTLED = (Trial, Lease)
+
 __all__ = [
     "STALE",
+    "UNSETTLED",
     "Algorithm",
     "Call",
     "Lease",
@@ -130,7 +135,7 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
         if isinstance(trying, _Trying):
             found = trying.tuner.choose(ctx, nbytes, trying.shortlist, trying.library,
                                         collective)  # fmt: skip
-            if isinstance(found, (_tuner.Trial, _tuner.Lease)):
+            if isinstance(found, UNSETTLED):
                 return found  # not kept: the next call may try another
             ctx.trying.pop(key, None)
         else:

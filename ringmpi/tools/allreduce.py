@@ -472,7 +472,7 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
         tuned = False
         if entry.base == "auto":  # auto's lease and tuner's trials first (untimed)
             while isinstance(algorithms.choose("auto", nbytes, ctx, red, ordered),
-                             (algorithms.Trial, algorithms.Lease)):  # fmt: skip
+                             algorithms.UNSETTLED):  # fmt: skip
                 call()
                 tuned = True
         chosen = RAW if raw else algorithms.choose("auto", nbytes, ctx, red, ordered).name

@@ -75,9 +75,33 @@ in_job = np.zeros(1, np.int64)
 # has a spare core (spare_core): a thread asleep on a condition takes tens of
 # microseconds to wake (a start would wake it, the thread would wake the Wait).
 _POLL_NS = 1_000_000
-# A threaded queue's counters (Progress._counts): calls queued, calls finished.
-_QUEUED, _FINISHED = 0, 1
+# How long a call stays queued before the polling thread takes it, in nanoseconds:
+# a Wait right after the start takes it first, without waking the thread.
+_GRACE_NS = 20_000
+# A threaded queue's counters (Progress._counts): calls queued, taken, finished.
+_QUEUED, _TAKEN, _FINISHED = 0, 1, 2
 _TRACES, _NO_TRACES = _trace._active, ()
+
+
+@numba.njit(cache=True, nogil=True)
+def _next(counts, grace, ns):
+    """Whether, within ``ns`` nanoseconds, a call came that stayed queued and untaken,
+    no call running, for ``grace`` nanoseconds (polling without the GIL: a caller's
+    Wait that takes it meanwhile leaves the thread without the GIL)."""
+    start = monotonic_ns()
+    since = 0
+    while True:
+        now = monotonic_ns()
+        taken = load_acquire(counts, _TAKEN)
+        if load_acquire(counts, _QUEUED) > taken and load_acquire(counts, _FINISHED) == taken:
+            if since == 0:
+                since = now
+            elif now - since >= grace:
+                return True
+        else:
+            since = 0
+        if now - start > ns:
+            return False
 
 
 @numba.njit(cache=True, nogil=True)
@@ -263,7 +287,9 @@ def progressed(job: Job) -> bool:
 
 class Progress:
     """A communicator's nonblocking calls, in call order, and who carries them out:
-    a progress thread (``threaded``), or the caller of :meth:`until` and :meth:`drain`."""
+    a progress thread (``threaded``; a caller of :meth:`wait` or :meth:`drain` takes
+    the calls the thread has not taken yet), or the callers of ``Wait``, ``Test``
+    and :meth:`drain`."""
 
     def __init__(self, threaded: bool, poll: bool = False) -> None:
         self.threaded = threaded
@@ -274,8 +300,9 @@ class Progress:
         self._pending = 0
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._running: Job | None = None  # carried out now, on the caller's thread
-        self._counts = np.zeros(2, np.int64)  # calls queued and finished (_QUEUED, _FINISHED)
+        self._running: Job | None = None  # carried out now
+        self._carrier = 0  # by this thread (its ident)
+        self._counts = np.zeros(3, np.int64)  # calls queued, taken, finished (_QUEUED, ...)
         if threaded:
             self._thread = threading.Thread(target=self._loop, name="ringmpi-progress",
                                             daemon=True)  # fmt: skip
@@ -304,16 +331,21 @@ class Progress:
         """Whether calls are queued or running."""
         return self._pending > 0
 
+    def _carrying(self) -> bool:
+        """Whether this thread is carrying out one of the queued calls now."""
+        return self._running is not None and self._carrier == threading.get_ident()
+
     def on_thread(self) -> bool:
         return self._thread is not None and threading.get_ident() == self._thread.ident
 
     def drain(self) -> None:
         """Return once every call queued so far has run (not from the thread itself)."""
-        if not self._pending or self.on_thread() or self._running is not None:
+        if not self._pending or self._carrying():
             return  # (the calls queued after the running one wait for it)
         if not self.threaded:
             self._run_queued(None)
             return
+        self._take(None)
         with self._cv:
             self._cv.wait_for(lambda: self._pending == 0)
 
@@ -360,11 +392,40 @@ class Progress:
                 return
 
     def wait(self, job: Job) -> None:
-        """Return once the thread has carried out ``job`` (polling a while, then sleeping)."""
+        """Return once ``job`` is done: carried out here, with the calls queued before
+        it, where the thread has not taken them yet (waking it and waiting for it
+        costs more than a small call); else once the thread has carried it out
+        (polling a while, then sleeping)."""
+        self._take(job)
         if self._poll_ns and not job.done:
             _poll(self._counts, _FINISHED, job.number, self._poll_ns)
         with self._cv:
             self._cv.wait_for(lambda: job.done)
+
+    def _take(self, last: Job | None) -> None:
+        """Carry out the queued calls on this thread, in order, through ``last`` (None:
+        all), while the progress thread runs none of them."""
+        cv, queue, counts = self._cv, self._queue, self._counts
+        while last is None or not last.done:
+            with cv:
+                job = queue[0] if queue and self._running is None else None
+                if job is None:  # (None queued: the end)
+                    return
+                self._running = queue.popleft()
+                counts[_TAKEN] += 1
+                self._carrier = threading.get_ident()
+            try:
+                job.execute()
+            finally:
+                self._ended()
+
+    def _ended(self) -> None:
+        """The running call is done: the thread or a waiting caller may take the next."""
+        with self._cv:
+            self._running = None
+            self._pending -= 1
+            self._counts[_FINISHED] += 1  # (after the job is done, its request complete)
+            self._cv.notify_all()
 
     def free(self) -> None:
         """Run what is queued, then end the thread."""
@@ -385,7 +446,7 @@ class Progress:
             job = self._queue.popleft()
             if job is None:
                 return
-            self._running = job
+            self._running, self._carrier = job, threading.get_ident()
             try:
                 job.execute()
             finally:
@@ -395,21 +456,21 @@ class Progress:
                 return
 
     def _loop(self) -> None:
-        counts, taken, poll_ns = self._counts, 0, self._poll_ns
+        counts, poll_ns, cv, queue = self._counts, self._poll_ns, self._cv, self._queue
         while True:
-            if poll_ns:  # the next call, before sleeping
-                _poll(counts, _QUEUED, taken + 1, poll_ns)
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue)
-                job = self._queue.popleft()
-            taken += 1
+            # the next call, polling a while before sleeping
+            polled = poll_ns and _next(counts, _GRACE_NS, poll_ns)
+            with cv:
+                if polled and not queue:  # a waiting caller took it: poll for the next
+                    continue
+                cv.wait_for(lambda: queue and self._running is None)
+                job = self._running = queue.popleft()
+                counts[_TAKEN] += 1
+                self._carrier = threading.get_ident()
             if job is None:
                 return
             job.execute()
-            with self._cv:
-                self._pending -= 1
-                counts[_FINISHED] += 1  # (after the job is done, its request complete)
-                self._cv.notify_all()
+            self._ended()
 
 
 def mode(ctx) -> str:
@@ -748,11 +809,12 @@ _MPIX = _Mpix()
 def warm() -> None:
     """Load what a first nonblocking call runs, compiled by Numba: the generalized
     requests' callbacks and their start (its free cells made), their completion,
-    and the thread's poll; and the module of the nonblocking calls."""
+    and the thread's polls; and the module of the nonblocking calls."""
     if _MPIX.usable():
         _MPIX._refill()
     i64 = numba.int64
     _grequest_end.compile((i64, numba.boolean))
     _grequest_reported.compile((i64,))
     _poll.compile((numba.int64[::1], i64, i64, i64))
+    _next.compile((numba.int64[::1], i64, i64))
     importlib.import_module("ringmpi._requests")

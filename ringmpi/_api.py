@@ -58,7 +58,7 @@ def Allreduce(
     # arrays (compiled, for the library's call) and sends nothing if they changed.
     hit = _latest.get(id(recvbuf))
     if hit is not None:
-        recv_ref, send_ref, args, settings, made = hit
+        recv_ref, send_ref, args, settings, made, _ = hit
         if (
             recv_ref() is recvbuf
             and (op, comm, algorithm, validate, timeout, reproducible) == args

@@ -65,10 +65,10 @@ __all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "i
 # from C or Python (ringmpi._direct, ringmpi._api) only while this is empty, since a
 # repeat does not first carry out, or wait for, the calls queued before it.
 pending: list[Job] = []
-# How many jobs are being carried out now, on any thread (an int64 cell): a call a
-# job makes runs no trial of auto's tuner (ringmpi.algorithms.tuner), whose Python,
+# How many jobs are being carried out now, on any thread (one item): a call a job
+# makes runs no trial of auto's tuner (ringmpi.algorithms.tuner), whose Python,
 # copies and agreeing collective cost more than the call a program overlaps.
-in_job = np.zeros(1, np.int64)
+in_job = [0]
 
 # How long the progress thread polls for the next call before it sleeps, and a Wait
 # for the thread to finish a call before it sleeps, in nanoseconds, where the thread

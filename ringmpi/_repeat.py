@@ -21,26 +21,41 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from . import _direct, _progress, _settings, _trace
 from ._cache import Bounded, derived
-from .algorithms.registry import Call, repeats
+from .algorithms.registry import STALE, Call, repeats
 
-__all__ = ["Entry", "entries", "latest", "python_seconds", "remember"]
+if TYPE_CHECKING:
+    from ._requests import Decided
+
+__all__ = ["UNMADE", "Entry", "entries", "found", "keep", "latest", "python_seconds",
+           "remember"]  # fmt: skip
 
 
 class Entry(NamedTuple):
-    """A remembered call: what confirms that a call is its repeat, and the call."""
+    """A remembered call: what confirms that a call is its repeat, the blocking call
+    made ready, and what a nonblocking call on the same objects decided."""
 
     recv: weakref.ref  # recvbuf
     send: weakref.ref | None  # sendbuf; None: in place
     args: tuple  # (op, comm, algorithm, validate, timeout, reproducible), equal ones the same
     settings: _settings.Settings  # the snapshot it was made under
     call: Call  # its in_place and from_ make it on these arrays (STALE: they changed)
+    started: Decided | None = None  # what a nonblocking call decided
+
+
+def _unmade(work: np.ndarray, source: np.ndarray) -> int:
+    return STALE
+
+
+# The call of an entry that only a nonblocking call made: it makes nothing (STALE), so
+# that a blocking call on the same objects takes the full path and is remembered.
+UNMADE = Call(_unmade, lambda recvbuf, cells: STALE, lambda recvbuf, sendbuf, cells: STALE)
 
 
 # Room for a training step's arrays, one per parameter, often a few hundred
@@ -51,6 +66,43 @@ entries: Bounded[tuple, Entry] = derived(Bounded(KEPT))
 # Per recvbuf, the entry its latest call ran: one int lookup finds it.
 latest: Bounded[int, Entry] = derived(Bounded(KEPT))
 _seen: Bounded[tuple, None] = derived(Bounded(KEPT))  # keys met once
+_IN_PLACE, _NOW = MPI.IN_PLACE, _settings._now
+
+
+def _key(sendbuf: Any, recvbuf: Any, args: tuple) -> tuple:
+    return (id(recvbuf), id(sendbuf), id(args[0]), id(args[1]), *args[2:])
+
+
+def found(sendbuf: Any, recvbuf: Any, args: tuple) -> Entry | None:
+    """The entry of a call on these very objects (``sendbuf`` MPI.IN_PLACE: in place;
+    ``args`` as :class:`Entry`'s) under the current settings, if one is remembered:
+    the one check of every kind of call."""
+    entry = latest.get(id(recvbuf))
+    if entry is None or not _same(entry, sendbuf, recvbuf, args):
+        entry = entries.get(_key(sendbuf, recvbuf, args))
+        if entry is None or not _same(entry, sendbuf, recvbuf, args):
+            return None
+    return entry
+
+
+def _same(entry: Entry, sendbuf: Any, recvbuf: Any, args: tuple) -> bool:
+    return (
+        entry.recv() is recvbuf
+        and entry.args == args
+        and (entry.send() is sendbuf if entry.send is not None else sendbuf is _IN_PLACE)
+        and entry.settings is _NOW[0]
+    )
+
+
+def keep(sendbuf: Any, recvbuf: np.ndarray, args: tuple, started: Decided) -> None:
+    """Remember what a nonblocking call on these objects decided (``started``), beside
+    the blocking call made ready, if any."""
+    key = _key(sendbuf, recvbuf, args)
+    entry = found(sendbuf, recvbuf, args)
+    if entry is None:
+        send = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
+        entry = Entry(weakref.ref(recvbuf), send, args, _settings.current(), UNMADE)
+    latest.put(id(recvbuf), entries.put(key, entry._replace(started=started)))
 
 
 def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
@@ -70,26 +122,26 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
             or (isinstance(sendbuf, np.ndarray) and sendbuf.flags.c_contiguous)
         )
         and not _trace._active  # a traced call takes the full path, to be recorded
-        # a call that took the full path as calls were queued (the progress thread's)
-        # is remembered once: the step a queued call takes is this entry's
-        and (key not in entries or not _progress.pending)
     )
     if not simple:
+        return
+    args = (op, comm, algorithm, validate, timeout_arg, reproducible)
+    old = found(sendbuf, recvbuf, args)
+    if old is not None and old.call is not UNMADE and _progress.pending:
+        # a call that took the full path as calls were queued (the progress thread's)
+        # is remembered once: the step a queued call takes is this entry's
         return
     if key not in _seen and not at_once:  # not a repeat (yet)
         _seen.put(key, None)
         return
-    args = (sendbuf, recvbuf, op, comm, algorithm, validate, timeout_arg, reproducible)
-    latest.put(id(recvbuf), entries.put(key, _entry(args, make())))
-
-
-def _entry(args: tuple, call: Call) -> Entry:
-    sendbuf, recvbuf, *rest = args
+    call = make()
     settings = _settings.current()
-    if call.cells is not None and rest[2:] == ["auto", None, None, None]:  # op and comm alone
-        _direct.install(sendbuf, recvbuf, rest[0], rest[1], call.cells, settings)
-    return Entry(weakref.ref(recvbuf), None if sendbuf is MPI.IN_PLACE else weakref.ref(sendbuf),
-                 tuple(rest), settings, call)  # fmt: skip
+    if call.cells is not None and args[2:] == ("auto", None, None, None):  # op and comm alone
+        _direct.install(sendbuf, recvbuf, op, comm, call.cells, settings)
+    send_ref = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
+    entry = Entry(weakref.ref(recvbuf), send_ref, args, settings, call,
+                  None if old is None else old.started)  # fmt: skip
+    latest.put(id(recvbuf), entries.put(key, entry))
 
 
 def python_seconds() -> float:

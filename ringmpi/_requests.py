@@ -13,7 +13,6 @@ again, as MPI-4's persistent collectives do.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -21,7 +20,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _api, _halves, _progress, _repeat, _settings, _trace, algorithms
-from ._cache import Bounded, derived
 from ._comm import check_comm, context
 from ._errors import RingMPIError
 from .kernels import AVG, Reduction
@@ -50,11 +48,7 @@ def own_from_bytes() -> int:
     return _own_from[0]
 
 
-_NOW, _TRACES, _IN_PLACE = _settings._now, _trace._active, MPI.IN_PLACE
-
-
-def _no_ref() -> None:
-    """The weak reference of a call that is not remembered (it matches nothing)."""
+_NOW, _TRACES, _IN_PLACE, _LATEST = _settings._now, _trace._active, MPI.IN_PLACE, _repeat.latest
 
 
 class Prepared:
@@ -220,15 +214,12 @@ def started(call: Prepared) -> MPI.Request:
 # --- the collectives ------------------------------------------------------------------
 
 
-class _Made(NamedTuple):
-    """A nonblocking or persistent all-reduce prepared from these very objects: what
-    confirms that a later call is on the same ones, and what was decided for them."""
+class Decided(NamedTuple):
+    """What was checked and decided for a nonblocking or persistent all-reduce on some
+    objects: kept in their :class:`ringmpi._repeat.Entry`, beside their blocking call,
+    so that a later call on the same ones takes it."""
 
-    recv: Callable[[], Any]  # recvbuf's weak reference
-    send: Callable[[], Any] | None  # sendbuf's; None: in place
-    given: tuple  # (op, comm, algorithm, validate, timeout, reproducible) as given
-    settings: _settings.Settings  # the snapshot it was made under
-    nbytes: int  # recvbuf's bytes (-1: not remembered)
+    nbytes: int  # recvbuf's bytes
     op: Any  # the reduction as MPI takes it
     comm: Any  # the checked communicator
     timeout: float
@@ -237,103 +228,15 @@ class _Made(NamedTuple):
     ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
 
 
-# By the ids of (recvbuf, sendbuf, op, comm) and the other arguments, as the blocking
-# call's remembered calls (ringmpi._repeat), and the latest by recvbuf's id alone (what
-# Iallreduce tries first): a loop of Iallreduce on the same arrays pays for the argument
-# checks once. An entry holds op and comm (``given``), so their ids stay theirs.
-_made: Bounded[tuple, _Made] = derived(Bounded(_repeat.KEPT))
-_latest: Bounded[int, _Made] = derived(Bounded(_repeat.KEPT))
-
-
-def _allreduce_made(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
-                    validate: bool | None, timeout: float | None,
-                    reproducible: bool | None) -> _Made:  # fmt: skip
+def _decided(sendbuf: Any, recvbuf: Any, args: tuple) -> Decided:
     """What was checked and decided for a nonblocking or persistent all-reduce on these
-    very objects: remembered, or checked now."""
-    key = (id(recvbuf), id(sendbuf), id(op), id(comm), algorithm, validate, timeout, reproducible)
-    made = _made.get(key)
-    if (
-        made is None
-        or made.recv() is not recvbuf
-        or (made.send is not None and made.send() is not sendbuf)
-        or made.settings is not _NOW[0]
-        or recvbuf.nbytes != made.nbytes
-    ):  # fmt: skip
-        made = _allreduce_checked(key, sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                  reproducible)  # fmt: skip
-    if made.nbytes >= 0:
-        _latest.put(id(recvbuf), made)
-    return made
-
-
-class _Started:
-    """ringmpi's call of ``made`` on these objects: ``run()`` carries it out as the
-    blocking call given (where it repeats, the arrays' checks and auto's choice are
-    remembered, and it runs from C); ``step()`` finds its step (:func:`_step`)."""
-
-    __slots__ = ("comm", "made", "recv", "send")
-
-    def __init__(self, made: _Made, sendbuf: Any, recvbuf: Any, comm: Any) -> None:
-        self.made, self.recv, self.comm = made, recvbuf, comm
-        self.send = _IN_PLACE if sendbuf is None else sendbuf
-
-    def run(self) -> None:
-        _api.Allreduce(self.send, self.recv, self.made.op, self.comm, **self.made.keywords)
-
-    def step(self) -> Callable[[bool], bool | None] | None:
-        return _step(self.made.given[2:], self.send, self.recv, self.made.op, self.comm)
-
-
-def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
-               validate: bool | None, timeout: float | None,
-               reproducible: bool | None) -> Prepared:  # fmt: skip
-    made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
-    send = MPI.IN_PLACE if sendbuf is None else sendbuf
-
-    def library(persistent: bool) -> MPI.Request:
-        make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
-        return make(made.comm, send, recvbuf, made.op)
-
-    call = Prepared("Allreduce", made.comm, made.timeout, None, library)
-    if made.own:
-        started = _Started(made, sendbuf, recvbuf, comm)
-        call.run, call.step = started.run, started.step
-    call.ctx = made.ctx
-    return call
-
-
-def _step(args: tuple, sendbuf: Any, recvbuf: Any, op: Any,
-          comm: Any) -> Callable[[bool], bool | None] | None:  # fmt: skip
-    """The step of a started all-reduce: that of the blocking call the API remembered
-    for these very objects (once it repeated, with auto settled), where its algorithm
-    can stop at a wait; None otherwise."""
-    entry = _repeat.entries.get((id(recvbuf), id(sendbuf), id(op), id(comm), *args))
-    recv, send = recvbuf, sendbuf  # (the arrays, as the checks below leave them typed)
-    in_place = send is MPI.IN_PLACE
-    if (
-        entry is None
-        or entry.call.step is None
-        or _TRACES
-        or entry.settings is not _NOW[0]
-        or entry.recv() is not recvbuf
-        or not recv.flags.carray
-        or (not in_place and (entry.send is None or entry.send() is not sendbuf
-                              or not send.flags.c_contiguous))
-    ):  # fmt: skip
-        return None
-    work = recv if recv.ndim == 1 else recv.reshape(-1)
-    source = work if in_place else (send if send.ndim == 1 else send.reshape(-1))
-    return functools.partial(entry.call.step, work, source)
-
-
-def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: Any,
-                       algorithm: str, validate: bool | None, timeout: float | None,
-                       reproducible: bool | None) -> _Made:  # fmt: skip
-    """Check a nonblocking or persistent all-reduce and decide whose it is; remembered
-    where the objects allow."""
-    send = MPI.IN_PLACE if sendbuf is None else sendbuf
-    mpi_op = MPI.SUM if op is None else op
-    call = _api._parse(send, recvbuf, mpi_op, comm, algorithm, validate, timeout, reproducible)
+    very objects (``sendbuf`` MPI.IN_PLACE: in place; ``args``: (op, comm, algorithm,
+    validate, timeout, reproducible), op not None): remembered, or checked now."""
+    entry = _repeat.found(sendbuf, recvbuf, args)
+    if entry is not None and entry.started is not None and entry.started.nbytes == recvbuf.nbytes:
+        return entry.started
+    op, comm, algorithm, validate, timeout, reproducible = args
+    call = _api._parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
@@ -344,16 +247,70 @@ def _allreduce_checked(key: tuple, sendbuf: Any, recvbuf: Any, op: Any, comm: An
         own = _own(call.comm, call.nitems * call.recv.itemsize, op, algorithm, call.timeout,
                    call.red, call.ordered, call.validate)  # fmt: skip
         ctx = context(call.comm, call.timeout) if own else None
-    made = _Made(_no_ref, None, (op, comm, algorithm, validate, timeout, reproducible),
-                 _settings.current(), -1, mpi_op, call.comm, call.timeout, own, keywords,
-                 ctx)  # fmt: skip
+    decided = Decided(-1, op, call.comm, call.timeout, own, keywords, ctx)
     if isinstance(recvbuf, np.ndarray) and (
-        sendbuf is None or sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
+        sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
     ):
-        send_ref = None if send is MPI.IN_PLACE else weakref.ref(sendbuf)
-        made = made._replace(recv=weakref.ref(recvbuf), send=send_ref, nbytes=recvbuf.nbytes)
-        _made.put(key, made)
-    return made
+        decided = decided._replace(nbytes=recvbuf.nbytes)
+        _repeat.keep(sendbuf, recvbuf, args, decided)
+    return decided
+
+
+class _Started:
+    """ringmpi's call of ``decided`` on these objects: ``run()`` carries it out as the
+    blocking call given (where it repeats, the arrays' checks and auto's choice are
+    remembered, and it runs from C); ``step()`` finds its step (:func:`_step`)."""
+
+    __slots__ = ("args", "decided", "recv", "send")
+
+    def __init__(self, decided: Decided, sendbuf: Any, recvbuf: Any, args: tuple) -> None:
+        self.decided, self.send, self.recv, self.args = decided, sendbuf, recvbuf, args
+
+    def run(self) -> None:
+        _api.Allreduce(self.send, self.recv, self.decided.op, self.args[1],
+                       **self.decided.keywords)  # fmt: skip
+
+    def step(self) -> Callable[[bool], bool | None] | None:
+        return _step(self.send, self.recv, self.args)
+
+
+def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
+               validate: bool | None, timeout: float | None,
+               reproducible: bool | None) -> Prepared:  # fmt: skip
+    send = _IN_PLACE if sendbuf is None else sendbuf
+    args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
+    decided = _decided(send, recvbuf, args)
+
+    def library(persistent: bool) -> MPI.Request:
+        make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
+        return make(decided.comm, send, recvbuf, decided.op)
+
+    call = Prepared("Allreduce", decided.comm, decided.timeout, None, library)
+    if decided.own:
+        started = _Started(decided, send, recvbuf, args)
+        call.run, call.step = started.run, started.step
+    call.ctx = decided.ctx
+    return call
+
+
+def _step(sendbuf: Any, recvbuf: Any, args: tuple) -> Callable[[bool], bool | None] | None:
+    """The step of a started all-reduce: that of the blocking call remembered for these
+    very objects (once it repeated, with auto settled), where its algorithm can stop at
+    a wait; None otherwise."""
+    entry = _repeat.found(sendbuf, recvbuf, args)
+    recv, send = recvbuf, sendbuf  # (the arrays, as the checks below leave them typed)
+    in_place = send is MPI.IN_PLACE
+    if (
+        entry is None
+        or entry.call.step is None
+        or _TRACES
+        or not recv.flags.carray
+        or (not in_place and not send.flags.c_contiguous)
+    ):  # fmt: skip
+        return None
+    work = recv if recv.ndim == 1 else recv.reshape(-1)
+    source = work if in_place else (send if send.ndim == 1 else send.reshape(-1))
+    return functools.partial(entry.call.step, work, source)
 
 
 def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracomm | None = None,
@@ -375,27 +332,29 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     ringmpi cannot reduce itself and, where neither a thread nor the completion
     calls can carry the call out, every call.
     """
-    # The latest call on recvbuf, where this one repeats it, inline: a start's own cost
-    # is what a program that computes between start and wait pays for overlapping.
-    made = _latest.get(id(recvbuf))
+    # What was decided for the latest call on recvbuf, where this one repeats it,
+    # inline: a start's own cost is what a program that computes between start and
+    # wait pays for overlapping.
+    entry = _LATEST.get(id(recvbuf))
+    send = _IN_PLACE if sendbuf is None else sendbuf
+    args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
+    decided = None
     if (
-        made is None
-        or made.recv() is not recvbuf
-        or made.given != (op, comm, algorithm, validate, timeout, reproducible)
-        or (made.send() is not sendbuf if made.send is not None
-            else sendbuf is not None and sendbuf is not _IN_PLACE)
-        or made.settings is not _NOW[0]
-        or recvbuf.nbytes != made.nbytes
+        entry is not None
+        and entry.recv() is recvbuf
+        and entry.args == args
+        and (entry.send() is send if entry.send is not None else send is _IN_PLACE)
+        and entry.settings is _NOW[0]
     ):  # fmt: skip
-        made = _allreduce_made(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                               reproducible)  # fmt: skip
-    if not made.own:  # the library's
+        decided = entry.started
+    if decided is None or decided.nbytes != recvbuf.nbytes:
+        decided = _decided(send, recvbuf, args)
+    if not decided.own:  # the library's
         if _TRACES:
             _trace.record_call("mpi")
-        return MPI.Comm.Iallreduce(made.comm, _IN_PLACE if sendbuf is None else sendbuf,
-                                   recvbuf, made.op)  # fmt: skip
-    started = _Started(made, sendbuf, recvbuf, comm)
-    return _progress.start(made.ctx, _progress.Job(started.run, step=started.step))
+        return MPI.Comm.Iallreduce(decided.comm, send, recvbuf, decided.op)
+    started = _Started(decided, send, recvbuf, args)
+    return _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
 
 
 def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any], None],
@@ -404,17 +363,18 @@ def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any
     which calls ``then(error)`` (None when it succeeded) once it is done: for callers
     that hold a future rather than an MPI request. Carried out at once, on this
     thread, where it is the library's or no progress thread would carry it out."""
-    made = _allreduce_made(None, recvbuf, op, comm, "auto", None, timeout, None)
-    if not made.own or not _progress.threaded(made.ctx):
+    args = (MPI.SUM if op is None else op, comm, "auto", None, timeout, None)
+    decided = _decided(_IN_PLACE, recvbuf, args)
+    if not decided.own or not _progress.threaded(decided.ctx):
         try:
-            _api.Allreduce(_IN_PLACE, recvbuf, made.op, comm, timeout=timeout)
+            _api.Allreduce(_IN_PLACE, recvbuf, decided.op, comm, timeout=timeout)
         except Exception as exc:  # the future carries it
             then(exc)
         else:
             then(None)
         return
-    started = _Started(made, None, recvbuf, comm)
-    _progress.start(made.ctx, _progress.Job(started.run, lambda job: then(job.error),
+    started = _Started(decided, _IN_PLACE, recvbuf, args)
+    _progress.start(decided.ctx, _progress.Job(started.run, lambda job: then(job.error),
                                             step=started.step), request=False)  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -221,8 +222,12 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     Where a node's ranks outnumber its cores, the node's first rank compiles into
     Numba's cache while the others wait, sleeping, then load what it wrote; with
     a core each, every rank compiles at once (a first call does the same for the
-    algorithm it runs, unasked). ``timeout``: as for :func:`Allreduce`. Returns
-    the slowest rank's seconds.
+    algorithm it runs, unasked). Then a first call, its repeats and a nonblocking
+    call run once on a duplicate of ``comm`` (freed after, with its window; not
+    inside a trace), so that a program's first call on any communicator pays
+    only for that communicator (its duplicate, its window), not for Python run
+    the first time in the process. ``timeout``: as for :func:`Allreduce`.
+    Returns the slowest rank's seconds of loading.
     """
     comm = check_comm(comm)
     settings = _settings.current()
@@ -231,7 +236,28 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     red = reduction(op, dtype)
     took = algorithms.warm_on_node(ctx, red, None, waits)
     ctx.warmed.update((a.name, red.name, red.dtype.str) for a in algorithms.records())
-    return ctx.comm.allreduce(took, op=MPI.MAX)
+    took = ctx.comm.allreduce(took, op=MPI.MAX)
+    if not _trace._active:  # (a trace would count its calls)
+        _rehearse(comm, red, op, waits)
+    return took
+
+
+def _rehearse(comm: MPI.Intracomm, red: Reduction, op: Any, timeout: float) -> None:
+    """Auto's first call, its repeats and a nonblocking call of ringmpi's own, on a
+    duplicate of ``comm`` freed after: the tuner off (nothing of a size class is
+    tried or counted), the model's best running."""
+    nonblocking = importlib.import_module("ringmpi._requests")  # (it imports this module)
+    twin = comm.Dup()
+    try:
+        x = np.zeros(max(1, comm.Get_size()), red.dtype)
+        with configured(tuner="off"):
+            for _ in range(3):
+                Allreduce(_IN_PLACE, x, op, twin, timeout=timeout)
+            best = algorithms.choose("auto", x.nbytes, context(twin, timeout), red)
+            nonblocking.Iallreduce(_IN_PLACE, x, op, twin, algorithm=best.name,
+                                   timeout=timeout).Wait()  # fmt: skip
+    finally:
+        twin.Free()
 
 
 # --- internals -----------------------------------------------------------------

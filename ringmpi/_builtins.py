@@ -12,6 +12,7 @@ object layouts below (checked on real objects first: :func:`layout_ok`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -92,8 +93,10 @@ class _MethodDef(ctypes.Structure):
                 ("flags", ctypes.c_int), ("doc", ctypes.c_char_p)]  # fmt: skip
 
 
+@functools.cache
 def layout_ok() -> bool:
-    """Whether this interpreter and NumPy lay an array out as the offsets above say."""
+    """Whether this interpreter and NumPy lay an array out as the offsets above say
+    (found once: they stay as they are for the process)."""
     if sys.implementation.name != "cpython" or not getattr(sys, "_is_gil_enabled", lambda: True)():
         return False
     if np.dtype(np.intp).itemsize != 8 or not hasattr(ctypes.pythonapi, "PyObject_Vectorcall"):

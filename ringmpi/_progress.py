@@ -332,8 +332,10 @@ class Progress:
         return self._pending > 0
 
     def _carrying(self) -> bool:
-        """Whether this thread is carrying out one of the queued calls now."""
-        return self._running is not None and self._carrier == threading.get_ident()
+        """Whether this thread is carrying out one of the queued calls now (where no
+        progress thread carries them, only the caller's thread does)."""
+        running = self._running is not None
+        return running and (not self.threaded or self._carrier == threading.get_ident())
 
     def on_thread(self) -> bool:
         return self._thread is not None and threading.get_ident() == self._thread.ident
@@ -446,7 +448,7 @@ class Progress:
             job = self._queue.popleft()
             if job is None:
                 return
-            self._running, self._carrier = job, threading.get_ident()
+            self._running = job
             try:
                 job.execute()
             finally:

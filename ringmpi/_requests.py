@@ -48,7 +48,7 @@ def own_from_bytes() -> int:
     return _own_from[0]
 
 
-_NOW, _TRACES, _IN_PLACE, _LATEST = _settings._now, _trace._active, MPI.IN_PLACE, _repeat.latest
+_TRACES, _IN_PLACE = _trace._active, MPI.IN_PLACE
 
 
 class Prepared:
@@ -332,23 +332,9 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     ringmpi cannot reduce itself and, where neither a thread nor the completion
     calls can carry the call out, every call.
     """
-    # What was decided for the latest call on recvbuf, where this one repeats it,
-    # inline: a start's own cost is what a program that computes between start and
-    # wait pays for overlapping.
-    entry = _LATEST.get(id(recvbuf))
     send = _IN_PLACE if sendbuf is None else sendbuf
     args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
-    decided = None
-    if (
-        entry is not None
-        and entry.recv() is recvbuf
-        and entry.args == args
-        and (entry.send() is send if entry.send is not None else send is _IN_PLACE)
-        and entry.settings is _NOW[0]
-    ):  # fmt: skip
-        decided = entry.started
-    if decided is None or decided.nbytes != recvbuf.nbytes:
-        decided = _decided(send, recvbuf, args)
+    decided = _decided(send, recvbuf, args)
     if not decided.own:  # the library's
         if _TRACES:
             _trace.record_call("mpi")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -35,6 +35,7 @@ from ._buffers import _as_array, _kind
 from ._cache import Bounded
 from ._comm import check_comm, not_running, ready, running
 from ._errors import UnsupportedError
+from ._progress import Prepared
 from .algorithms import registry
 from .kernels import AVG, reduction
 
@@ -43,21 +44,6 @@ __all__ = ["RING_FROM_BYTES", "Allgather", "Reduce_scatter", "Reduce_scatter_blo
 # auto: ringmpi's own algorithms from this size of the whole buffer, the library's call
 # below it (docs/performance.md, "The ring's halves").
 RING_FROM_BYTES = 64 << 10
-
-
-class Ready(NamedTuple):
-    """A half checked once: ``run()`` carries it out on the buffers' contents at the
-    time, as often as it is called; ``nbytes`` is what auto's choice goes by (the
-    reduce-scatter's input, the all-gather's whole buffer); ``timeout`` the call's.
-    ``step()`` finds, for a started call, ``step(wait)`` where the algorithm that
-    ``run`` would carry out can stop at a wait (else None): a nonblocking call's
-    Test carries it on with ``step(False)`` as far as it goes without waiting for
-    another rank, and it is done once ``step`` says so."""
-
-    run: Callable[[], None]
-    nbytes: int
-    timeout: float
-    step: Callable[[], Callable[[bool], bool | None] | None] | None = None
 
 
 # The registry's collective of each call.
@@ -76,7 +62,7 @@ def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
         return _RSB(_WORLD if comm is None else comm, sendbuf, recvbuf, op)
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
     ready = prepare_reduce_scatter(True, sendbuf, recvbuf, None, op, comm, algorithm, timeout)
-    if ready is None:
+    if ready is None or ready.run is None:
         return _library("Reduce_scatter_block", comm, sendbuf, recvbuf, op)
     ready.run()
 
@@ -94,7 +80,7 @@ def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any =
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
     ready = prepare_reduce_scatter(False, sendbuf, recvbuf, recvcounts, op, comm, algorithm,
                                    timeout)  # fmt: skip
-    if ready is None:
+    if ready is None or ready.run is None:
         return _library("Reduce_scatter", comm, sendbuf, recvbuf, recvcounts, op)
     ready.run()
 
@@ -109,14 +95,14 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
         return _ALLGATHER(_WORLD if comm is None else comm, sendbuf, recvbuf)
     sendbuf = _IN_PLACE if sendbuf is None else sendbuf
     ready = prepare_allgather(sendbuf, recvbuf, comm, algorithm, timeout)
-    if ready is None:
+    if ready is None or ready.run is None:
         return _library("Allgather", comm, sendbuf, recvbuf)
     ready.run()
 
 
 def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
                            comm: Any, algorithm: str, timeout: float | None,
-                           started: bool = False) -> Ready | None:  # fmt: skip
+                           started: bool = False) -> Prepared | None:  # fmt: skip
     """The reduce-scatter checked once (bad input raises here, before any message),
     ready to run as often as wanted (a persistent request's starts); ``started``: with
     its step finder too (a nonblocking or persistent call's). None: the library's
@@ -176,7 +162,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
             _scatter_out(recv, out)
 
     if not started:
-        return Ready(run, given.nbytes, waits)
+        return Prepared(name, comm, waits, run, nbytes=given.nbytes, ctx=ctx)
 
     def step() -> Callable[[bool], bool | None] | None:
         found = _resumable(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
@@ -185,11 +171,11 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
         return _stepping(found, out, src, None if straight else (_scatter_out, recv, out))
 
-    return Ready(run, given.nbytes, waits, step)
+    return Prepared(name, comm, waits, run, nbytes=given.nbytes, step=step, ctx=ctx)
 
 
 def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
-                      timeout: float | None, started: bool = False) -> Ready | None:  # fmt: skip
+                      timeout: float | None, started: bool = False) -> Prepared | None:  # fmt: skip
     """The all-gather checked once, as :func:`prepare_reduce_scatter`."""
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
@@ -223,7 +209,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
             _gather_out(recv, work)
 
     if not started:
-        return Ready(run, recv.nbytes, waits)
+        return Prepared("Allgather", comm, waits, run, nbytes=recv.nbytes, ctx=ctx)
 
     def step() -> Callable[[bool], bool | None] | None:
         found = _resumable(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
@@ -232,7 +218,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         _gather_in(work, recv, send, straight, r * block)
         return _stepping(found, work, work, None if straight else (_gather_out, recv, work))
 
-    return Ready(run, recv.nbytes, waits, step)
+    return Prepared("Allgather", comm, waits, run, nbytes=recv.nbytes, step=step, ctx=ctx)
 
 
 def _named(name: str, algorithm: str) -> registry.Algorithm | None:

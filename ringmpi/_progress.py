@@ -55,10 +55,11 @@ from ._capi import (
     py_long,
     py_vectorcall,
 )
+from ._comm import context
 
-__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "in_job", "mode",
-           "own_cores", "progressed", "set_handle", "spare_core", "start", "threaded",
-           "threads_allowed", "warm"]  # fmt: skip
+__all__ = ["Completion", "Job", "Prepared", "Progress", "Request", "completed", "finish",
+           "in_job", "mode", "own_cores", "progressed", "set_handle", "spare_core", "start",
+           "threaded", "threads_allowed", "warm"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -204,6 +205,49 @@ class Job:
         so that MPI's own completion calls (Waitall) report it."""
         if self.error is not None and not self.reported:
             raise self.error
+
+
+def _no_library(persistent: bool) -> Any:
+    raise RuntimeError("this call has no request of the library's: ringmpi's own runs it")
+
+
+class Prepared:
+    """A collective checked and made ready once, by the blocking call or a nonblocking
+    or persistent one: ``run()`` carries it out with ringmpi's algorithm on the
+    buffers' contents at the time, as often as called; ``step()`` finds, for a
+    started call, ``step(wait)`` where the algorithm ``run`` carries out can stop at
+    a wait (else None: a Test carries it on with ``step(False)`` as far as it goes
+    without waiting for another rank, a Wait to its end). Where ``run`` is None,
+    ``library(persistent)`` makes the library's own request for it (its ``*_init``
+    or its nonblocking call). ``nbytes`` is what auto's choice goes by."""
+
+    __slots__ = ("comm", "ctx", "library", "name", "nbytes", "run", "settled", "step",
+                 "timeout")  # fmt: skip
+
+    def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
+                 library: Callable[[bool], Any] = _no_library, nbytes: int = 0,
+                 step: Callable[[], Callable[[bool], bool | None] | None] | None = None,
+                 ctx: Any = None) -> None:  # fmt: skip
+        self.name = name  # the collective, as MPI names it
+        self.comm = comm  # the user's communicator
+        self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
+        self.run = run  # ringmpi's call, None where it is the library's
+        self.library = library
+        self.nbytes = nbytes
+        self.step = step
+        self.ctx = ctx  # the communicator's Context, once known
+        # Whether auto's tuner has settled this call on the library's own collective
+        # (a start then starts the library's persistent request), where it can tell.
+        self.settled: Callable[[], bool] | None = None
+
+    def start(self, into: Any = None) -> Request:
+        """Queue ringmpi's call on the communicator's progress queue: its request
+        (``into``, where given) completes when it is done."""
+        assert self.run is not None
+        ctx = self.ctx
+        if ctx is None:
+            ctx = self.ctx = context(self.comm, self.timeout)
+        return start(ctx, Job(self.run, step=self.step), into=into)
 
 
 class Completion:

@@ -1,10 +1,11 @@
 """Nonblocking and persistent collectives: one prepared call, started and completed.
 
-A :class:`Prepared` call is made once from checked arguments: either the MPI
-library's own persistent request (small buffers, which the library's
-log-depth call serves best; what ringmpi cannot reduce; MPI without
-MPI_THREAD_MULTIPLE), or a ringmpi algorithm that each start queues on the
-communicator's progress thread (:mod:`ringmpi._progress`). Starting never
+A call is prepared once from checked arguments (:class:`ringmpi._progress.Prepared`,
+as the blocking halves prepare theirs): either the MPI library's own
+persistent request (small buffers, which the library's log-depth call serves
+best; what ringmpi cannot reduce; MPI without MPI_THREAD_MULTIPLE), or a
+ringmpi algorithm that each start queues on the communicator's progress
+thread (:mod:`ringmpi._progress`). Starting never
 waits for another rank. ``Iallreduce`` & co. start a prepared call once;
 ``Allreduce_init`` & co. return a :class:`Prequest` that starts it again and
 again, as MPI-4's persistent collectives do.
@@ -22,11 +23,12 @@ from mpi4py import MPI
 from . import _api, _halves, _progress, _repeat, _settings, _trace, algorithms
 from ._comm import check_comm, context
 from ._errors import RingMPIError
+from ._progress import Prepared
 from .kernels import AVG, Reduction
 
 __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
-           "Ireduce_scatter_block", "Prepared", "Prequest", "Reduce_scatter_block_init",
-           "Reduce_scatter_init", "prepared", "start", "started"]  # fmt: skip
+           "Ireduce_scatter_block", "Prequest", "Reduce_scatter_block_init",
+           "Reduce_scatter_init", "start", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
 # request, by MPI family: a request of ringmpi's costs 5.5-10.3 us more than its
@@ -49,38 +51,6 @@ def own_from_bytes() -> int:
 
 
 _TRACES, _IN_PLACE = _trace._active, MPI.IN_PLACE
-
-
-class Prepared:
-    """A collective made ready once, from checked arguments: ``run()`` carries it out
-    with ringmpi's algorithm, or, where ``run`` is None, ``library(persistent)`` makes
-    the library's own request for it (its ``*_init`` or its nonblocking call)."""
-
-    __slots__ = ("comm", "ctx", "library", "name", "run", "settled", "step", "timeout")
-
-    def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
-                 library: Callable[[bool], Any]) -> None:  # fmt: skip
-        self.name = name  # the collective, as MPI names it
-        self.comm = comm  # the user's communicator
-        self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
-        self.run = run  # ringmpi's call, None where it is the library's
-        self.library = library
-        # Whether auto's tuner has settled this call on the library's own collective
-        # (a start then starts the library's persistent request), where it can tell.
-        self.settled: Callable[[], bool] | None = None
-        # Finds the call's step (registry.Call.step on its arrays) where it can stop at
-        # a wait: Test carries it as far as it goes, Wait on to its end.
-        self.step: Callable[[], Callable[[bool], bool | None] | None] | None = None
-        self.ctx: Any = None  # the communicator's Context, once started
-
-    def start(self, into: Any = None) -> _progress.Request:
-        """Queue ringmpi's call on the communicator's progress queue: its request
-        (``into``, where given) completes when it is done."""
-        assert self.run is not None
-        ctx = self.ctx
-        if ctx is None:
-            ctx = self.ctx = context(self.comm, self.timeout)
-        return _progress.start(ctx, _progress.Job(self.run, step=self.step), into=into)
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float,
@@ -114,18 +84,6 @@ def _own_known(nbytes: int, op: Any, algorithm: str, timeout: float, red: Reduct
             or (ordered and red is not None and algorithms.order_matters(red))):  # fmt: skip
         return True
     return False if nbytes < own_from_bytes() else None
-
-
-def prepared(name: str, comm: Any, nbytes: int, op: Any, algorithm: str, timeout: float,
-             run: Callable[[], None] | None,
-             library: Callable[[bool], Any]) -> Prepared:  # fmt: skip
-    """The prepared call: ringmpi's ``run`` (None: what ringmpi cannot do) where it
-    pays (:func:`_own`), else the library's."""
-    if run is None:
-        return Prepared(name, comm, timeout, None, library)
-    comm = check_comm(comm)
-    return Prepared(name, comm, timeout, run if _own(comm, nbytes, op, algorithm, timeout)
-                    else None, library)  # fmt: skip
 
 
 class Prequest(_progress.Completion, MPI.Prequest):
@@ -379,15 +337,16 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
                                     reproducible))  # fmt: skip
 
 
-def _half(name: str, comm: Any, algorithm: str, ready: _halves.Ready | None,
+def _half(name: str, comm: Any, algorithm: str, call: Prepared | None,
           library: Callable[[bool], Any], op: Any = MPI.SUM) -> Prepared:  # fmt: skip
-    """A reduce-scatter or all-gather prepared: checked once (``ready``, as the blocking
-    call checks it), so that a start runs it with no checks."""
-    if ready is None:  # an inter-communicator, or what ringmpi cannot reduce
-        return prepared(name, comm, 0, op, algorithm, 0.0, None, library)
-    call = prepared(name, MPI.COMM_WORLD if comm is None else comm, ready.nbytes, op, algorithm,
-                    ready.timeout, ready.run, library)  # fmt: skip
-    call.step = ready.step
+    """A reduce-scatter or all-gather prepared (``call``, checked once as the blocking
+    call checks it, so that a start runs it with no checks): ringmpi's where it pays
+    (:func:`_own`), else the library's request (``library``)."""
+    if call is None:  # an inter-communicator, or what ringmpi cannot reduce
+        return Prepared(name, comm, 0.0, None, library)
+    call.library = library
+    if not _own(check_comm(call.comm), call.nbytes, op, algorithm, call.timeout):
+        call.run = None
     return call
 
 

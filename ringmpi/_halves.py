@@ -294,13 +294,6 @@ def _resumable(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout
 _BYTES = reduction(MPI.BAND, np.uint8)  # the all-gather only stores: any reduction's tags
 
 
-def _small(buf: Any, op: Any = MPI.SUM) -> bool:
-    """A NumPy buffer below :data:`RING_FROM_BYTES`: latency-bound, where the ring's
-    N - 1 steps never beat the library's (log-depth) call, which auto hands it to
-    at once (not AVG, which MPI has not)."""
-    return type(buf) is np.ndarray and buf.nbytes < RING_FROM_BYTES and op is not AVG
-
-
 def _to_library(comm: Any, name: str, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> bool:
     """Whether auto makes the library's call first thing: a small buffer, or a size,
     reduction and dtype its choice settled on the library's call on this communicator

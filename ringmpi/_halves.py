@@ -165,7 +165,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         return Prepared(name, comm, waits, run, nbytes=given.nbytes, ctx=ctx)
 
     def step() -> Callable[[bool], bool | None] | None:
-        found = _resumable(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
+        found = _step(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
         if found is None:
             return None
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
@@ -212,7 +212,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         return Prepared("Allgather", comm, waits, run, nbytes=recv.nbytes, ctx=ctx)
 
     def step() -> Callable[[bool], bool | None] | None:
-        found = _resumable(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
+        found = _step(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
         if found is None:
             return None
         _gather_in(work, recv, send, straight, r * block)
@@ -276,7 +276,7 @@ def _gather_in(work: np.ndarray, recv: np.ndarray, send: np.ndarray | None, stra
         work[at : at + mine.size] = mine
 
 
-def _resumable(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout: float,
+def _step(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout: float,
                counts: Sequence[int]) -> Callable[..., bool | None] | None:  # fmt: skip
     """The step, on the arrays :func:`_run` passes, of the record a call runs (the named
     one, or auto's settled choice: none during its trials), where it can stop at a
@@ -284,9 +284,9 @@ def _resumable(record, collective: str, nbytes: int, red: Any, ctx: Any, timeout
     chosen = record
     if chosen is None:
         chosen = algorithms.choose("auto", nbytes, ctx, red, collective=collective)
-    if isinstance(chosen, algorithms.Trial) or chosen.resumable is None or _trace._active:
+    if isinstance(chosen, algorithms.UNSETTLED) or _trace._active:
         return None
-    return chosen.resumable(red, ctx, counts, timeout)
+    return algorithms.prepare(chosen, red, ctx, counts, timeout).step
 
 
 # --- internals -----------------------------------------------------------------------

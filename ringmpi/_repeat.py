@@ -12,7 +12,7 @@ would overtake). A freed or broken-off communicator empties these caches
 (``_cache.changed``). A call is remembered only once the same objects come a
 second time, so that calls on ever new arrays (``allreduce()``, buffer specs) pay
 almost nothing for it. Where the record prepares its call as cells
-(``Algorithm.compiled``), repeats with positional arguments and keywords ``op``
+(``Algorithm.prepare``), repeats with positional arguments and keywords ``op``
 and ``comm`` run from C (:mod:`ringmpi._direct`).
 """
 

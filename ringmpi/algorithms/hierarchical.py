@@ -88,7 +88,7 @@ from .._settings import Settings, current
 from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from .registry import get, listing, records, register
+from .registry import Call, get, listing, plain, records, register
 
 
 @dataclass
@@ -558,11 +558,11 @@ def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | N
         _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
 
 
-def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
-    """``step(work, source, wait)``: the call of ``count`` elements started,
-    or carried on, as far as it goes without waiting for another rank (``wait``
-    False) or to its end; whether it is done (None: not arrays of this call, nothing
-    done). The record's ``resumable``."""
+def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+    """The record's ``prepare``: its run in Python, and its ``step(work, source, wait)``:
+    the call of ``count`` elements started, or carried on, as far as it goes without
+    waiting for another rank (``wait`` False) or to its end; whether it is done (None:
+    not arrays of this call, nothing done)."""
     running: list[Generator[None, bool, None]] = []  # the call under way
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
@@ -586,7 +586,7 @@ def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
             raise
         return False
 
-    return step
+    return plain(hierarchical_allreduce, red, ctx, count, timeout)._replace(step=step)
 
 
 def _node_phase(passes: tuple, phase: int, name: str, wait: bool = True) -> bool:
@@ -813,7 +813,7 @@ HIERARCHICAL = register(
     half=_half_types,
     half_one_node=True,
     state=_State,
-    resumable=resumable,
+    prepare=prepare,
     warm=warm,
 )
 

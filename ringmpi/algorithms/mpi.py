@@ -2,7 +2,7 @@
 
 A first call goes through mpi4py. A call that repeats reaches MPI_Allreduce
 from compiled code instead: no buffer parsing, no datatype lookup, one C call.
-:func:`compiled` prepares it (its handles in an int64 array, ringmpi._capi's CELL_*
+:func:`prepare` prepares it (its handles in an int64 array, ringmpi._capi's CELL_*
 layout): the API's C repeat path (ringmpi._direct) makes that call itself, and
 _direct's compiled calls, which check the arrays first, make it from the API's
 Python repeat path.
@@ -18,7 +18,7 @@ from .. import _direct
 from .._capi import handle
 from .._comm import Context, complete, library_allreduce
 from ..kernels import DTYPES, Reduction
-from .registry import register
+from .registry import Call, compiled, plain, register
 
 
 def mpi_allreduce_run(
@@ -54,14 +54,15 @@ def direct(red: Reduction, count: int, timeout: float = 0.0) -> bool:
     return not timeout and count <= _INT_MAX and red.partials() is red
 
 
-def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
-    """(in_place, from, cells): MPI_Allreduce once more straight from compiled code,
-    for the API's repeat path; None where the call needs Python (a timeout polls
-    the nonblocking call, AVG divides after, a count above a C int goes through
-    mpi4py)."""
+def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+    """The record's ``prepare``: MPI_Allreduce once more straight from compiled code
+    (the API's repeat path reads its cells), or through mpi4py where the call needs
+    Python (a timeout polls the nonblocking call, AVG divides after, a count above a
+    C int goes through MPI_Allreduce_c)."""
     if not direct(red, count, timeout):
-        return None
-    return _direct.again_in_place, _direct.again_from, _cells(red, ctx.comm, count)
+        return plain(mpi_allreduce_run, red, ctx, count, timeout)
+    return compiled(mpi_allreduce_run, red, ctx, timeout, _direct.again_in_place,
+                    _direct.again_from, _cells(red, ctx.comm, count))  # fmt: skip
 
 
 def warm(kinds) -> None:
@@ -77,7 +78,7 @@ def warm(kinds) -> None:
     _direct.warm()
 
 
-register("mpi", mpi_allreduce_run, own=False, compiled=compiled, warm=warm,
+register("mpi", mpi_allreduce_run, own=False, prepare=prepare, warm=warm,
          no_half="MPI has no bfloat16 datatype, and MPI_Allreduce on float16 (MPIX_C_FLOAT16, "
          "where it exists) rounds every partial result to 16 bits")  # fmt: skip
 

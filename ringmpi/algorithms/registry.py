@@ -42,9 +42,10 @@ from .._comm import Context
 from ..kernels import Reduction
 from ..plans import Plan
 
-__all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "Call", "check", "engine_run", "fits",
-           "get", "half_run", "listing", "lookup", "names", "prepare", "prepared", "records",
-           "register", "repeats", "unregister"]  # fmt: skip
+__all__ = ["COLLECTIVES", "FORWARDS", "STALE", "Algorithm", "Call", "check", "compiled",
+           "engine_prepare", "engine_run", "fits", "get", "half_prepare", "half_run",
+           "listing", "lookup", "names", "plain", "prepare", "prepared", "records", "register",
+           "repeats", "unregister"]  # fmt: skip
 
 # Why a reduce-scatter that forwards partial results cannot take the half types.
 FORWARDS = ("forwards partial results, rounded to 16 bits at every step (shared_memory "
@@ -97,13 +98,10 @@ class Algorithm:
     # Its per-communicator state: State(ctx), made on first use by ctx.state(name),
     # freed (state.free()) with the communicator.
     state: type | None = None
-    # compiled(red, ctx, count, timeout) -> (in_place, from, cells) or None: its call
-    # made from compiled code with no Python between (see Call); None where it cannot be.
-    compiled: Callable[..., Any] | None = None
-    # resumable(red, ctx, count, timeout) -> step(work, source, wait) or None: its call,
-    # which a nonblocking call's Test carries as far as it goes without waiting (see Call).
-    # A half's takes its counts per rank for count, and step the arrays its run takes.
-    resumable: Callable[..., Any] | None = None
+    # prepare(red, ctx, count, timeout) -> Call: its call of ``count`` elements made
+    # ready, for every kind of call (a half's: its counts per rank for count); a plan
+    # gives one, and None is the run in Python with no step (see prepare).
+    prepare: Callable[..., Call] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
 
@@ -112,7 +110,7 @@ class Algorithm:
         """The record a half-type call runs: its half path, repeated as a plain call."""
         if self.half is None:
             raise ValueError(f"{self.name!r} has no half-type path: {self.no_half}")
-        return replace(self, run=self.half, plan=None, compiled=None, resumable=None)
+        return replace(self, run=self.half, plan=None, prepare=None)
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -137,9 +135,10 @@ def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algori
         plan = fields["plan"]
         if collective == "allreduce":
             run = engine_run(name, plan)
+            fields.setdefault("prepare", engine_prepare(name, plan))
         else:
             run = half_run(name, plan, collective)
-            fields.setdefault("resumable", half_resumable(name, plan, collective))
+            fields.setdefault("prepare", half_prepare(name, plan, collective))
     summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
     algo = Algorithm(name, run, summary, **fields)
     _REGISTRY[collective][name] = algo
@@ -182,17 +181,31 @@ def half_run(name: str, builder: Callable[..., Any], collective: str) -> Algorit
     return run
 
 
-def half_resumable(name: str, builder: Callable[..., Any], collective: str):
-    """The ``resumable`` of a half with a plan: the step engine's step on the arrays
-    :func:`half_run`'s run takes (the reduce-scatter on the same working copy, rank
-    r's block copied out once done)."""
+def engine_prepare(name: str, plan: PlanFn) -> Callable[..., Call]:
+    """The ``prepare`` of a plan algorithm: the step engine's step on its plan, which
+    also makes its repeats."""
 
-    def resumable(red, ctx, counts, timeout):
+    def prepare(red, ctx, count, timeout):
+        step = _engine.prepare(ctx.plan(plan, count, red.dtype.itemsize), red, ctx, name,
+                               timeout)  # fmt: skip
+        return Call(step, *repeats(step, red.dtype, count), step=step)
+
+    return prepare
+
+
+def half_prepare(name: str, builder: Callable[..., Any], collective: str) -> Callable[..., Call]:
+    """The ``prepare`` of a half with a plan: its run in Python, with the step engine's
+    step on the arrays :func:`half_run`'s run takes (the reduce-scatter on the same
+    working copy, rank r's block copied out once done)."""
+    run = half_run(name, builder, collective)
+
+    def prepare(red, ctx, counts, timeout):
         counts = tuple(counts)
+        call = plain(run, red, ctx, counts, timeout, collective)
         if collective == "allgather":
             step = _engine.prepare(ctx.plan(builder(counts), sum(counts), 1), red, ctx, name,
                                    timeout)  # fmt: skip
-            return lambda work, source, wait: step(work, work, wait)
+            return call._replace(step=lambda work, source, wait: step(work, work, wait))
         total, r = sum(counts), ctx.rank
         step = _engine.prepare(ctx.plan(builder(counts), total, red.dtype.itemsize), red, ctx,
                                name, timeout)  # fmt: skip
@@ -205,9 +218,9 @@ def half_resumable(name: str, builder: Callable[..., Any], collective: str):
                 work[...] = scratch[start : start + counts[r]]
             return done
 
-        return go
+        return call._replace(step=go)
 
-    return resumable
+    return prepare
 
 
 def records(collective: str = "allreduce") -> list[Algorithm]:
@@ -276,8 +289,8 @@ def listing(capability: str, but: str = "") -> str:
 
 
 class Call(NamedTuple):
-    """A record's all-reduce of one count, reduction and communicator, made ready once
-    (:func:`prepared`): every kind of call makes it.
+    """A record's call of one count, reduction and communicator, made ready by its
+    ``prepare`` (once per communicator: :func:`prepared`): every kind of call makes it.
 
     ``again(work, source)`` carries it out once more on 1-D arrays of that count
     and dtype (``source is work``: in place), with the least Python, raising its
@@ -301,25 +314,47 @@ class Call(NamedTuple):
     step: Callable[[np.ndarray, np.ndarray, bool], bool | None] | None = None
 
 
-def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
-    """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx``, made ready."""
-    made = algo.compiled(red, ctx, count, timeout) if algo.compiled is not None else None
-    step = algo.resumable(red, ctx, count, timeout) if algo.resumable is not None else None
-    if algo.plan is not None:
-        plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
-        again = step = _engine.prepare(plan, red, ctx, algo.name, timeout)
-    elif made is not None:
-        again = _compiled_again(algo, red, ctx, timeout, made)
-    else:
-        fn = algo.run
+def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: Any, timeout: float) -> Call:
+    """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx`` (a half's: its counts
+    per rank), made ready (its record's ``prepare``, or its run in Python)."""
+    if algo.prepare is None:
+        return plain(algo.run, red, ctx, count, timeout, algo.collective)
+    return algo.prepare(red, ctx, count, timeout)
 
-        def again(work: np.ndarray, source: np.ndarray) -> None:
-            fn(work, red, ctx, None if source is work else source, timeout)
 
-    if made is None:
-        return Call(again, *repeats(again, red.dtype, count), step=step)
-    in_place, from_, cells = made
-    return Call(again, in_place, from_, cells, step)
+def plain(run: AlgorithmFn, red: Reduction, ctx: Context, count: Any, timeout: float,
+          collective: str = "allreduce") -> Call:  # fmt: skip
+    """The call that ``run`` makes in Python, with no step (a half's: ``count`` its
+    counts per rank, and no repeats of the all-reduce's)."""
+    if collective != "allreduce":
+        return Call(lambda work, source: run(work, red, ctx, source, timeout, count),
+                    _no_repeat, _no_repeat)  # fmt: skip
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        run(work, red, ctx, None if source is work else source, timeout)
+
+    return Call(again, *repeats(again, red.dtype, count))
+
+
+def _no_repeat(*_arrays: Any) -> int:
+    return STALE
+
+
+def compiled(run: AlgorithmFn, red: Reduction, ctx: Context, timeout: float, in_place,
+             from_, cells: np.ndarray, step=None) -> Call:  # fmt: skip
+    """The call that ``in_place(recvbuf, cells)`` and ``from_(recvbuf, sendbuf, cells)``
+    make from compiled code (see :class:`Call`): ``again`` is a builtin whose C
+    function makes it (as the API's C repeat path does), ``run`` where the arrays are
+    not the ones it was made for."""
+
+    def again(work: np.ndarray, source: np.ndarray) -> None:
+        err = in_place(work, cells) if source is work else from_(work, source, cells)
+        if err == STALE:  # not the arrays it was made for: the plain call
+            run(work, red, ctx, None if source is work else source, timeout)
+        elif err:
+            raise MPI.Exception(err)
+
+    return Call(_direct.caller(cells, red.dtype, again), in_place, from_, cells, step)
 
 
 def repeats(again: Callable[[np.ndarray, np.ndarray], Any], dtype: np.dtype,
@@ -359,22 +394,6 @@ def prepared(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout:
     if found is None:
         found = ctx.calls.put(key, prepare(algo, red, ctx, count, timeout))
     return found
-
-
-def _compiled_again(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, made):
-    """``again`` from a record's compiled calls: a builtin whose C function makes the
-    call (as the API's C repeat path does), over the compiled calls."""
-    in_place, from_, cells = made
-    fn = algo.run
-
-    def again(work: np.ndarray, source: np.ndarray) -> None:
-        err = in_place(work, cells) if source is work else from_(work, source, cells)
-        if err == STALE:  # not the arrays it was made for: the plain call
-            fn(work, red, ctx, None if source is work else source, timeout)
-        elif err:
-            raise MPI.Exception(err)
-
-    return _direct.caller(cells, red.dtype, again)
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

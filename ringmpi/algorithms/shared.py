@@ -80,10 +80,9 @@ from .._ops import divide_by, fold_in_order_by_code
 from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
 from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
-from .registry import records, register
+from .registry import Call, compiled, plain, records, register
 
-__all__ = ["CROWDED_SET_BYTES", "SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "compiled",
-           "resumable",
+__all__ = ["CROWDED_SET_BYTES", "SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "prepare",
            "shared_memory_halves", "warm"]  # fmt: skip
 
 # Bytes of data in each of a slot's two sets: one piece of a buffer.
@@ -394,14 +393,16 @@ def _fold_into(work: np.ndarray, source: np.ndarray, ctx: Context) -> np.ndarray
     return ctx.scratch(work.nbytes).view(work.dtype) if np.may_share_memory(work, source) else work
 
 
-def halves_resumable(gather: bool):
-    """The halves records' ``resumable(red, ctx, counts, timeout)``: ``step(work, source,
-    wait)`` on the arrays their run takes, whether done (one rank: None, the run
-    carries it out)."""
+def halves_prepare(run, gather: bool):
+    """The halves records' ``prepare(red, ctx, counts, timeout)``: ``run`` in Python,
+    with its ``step(work, source, wait)`` on the arrays ``run`` takes, whether done
+    (one rank: no step, the run carries it out)."""
 
-    def resumable(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float):
+    def prepare(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float) -> Call:
+        call = plain(run, red, ctx, tuple(counts), timeout, "allgather" if gather else
+                     "reduce_scatter")  # fmt: skip
         if ctx.size == 1:
-            return None
+            return call
         shape = _shape(red, ctx, timeout)
         blocks, own = _blocks(red, counts, shape[4]), sum(counts[: ctx.rank])
 
@@ -409,7 +410,7 @@ def halves_resumable(gather: bool):
             return _halves_call(out, source, own, blocks, shape, red, ctx, timeout, gather, wait)
 
         if gather:
-            return lambda work, source, wait: inner(work, work, wait)
+            return call._replace(step=lambda work, source, wait: inner(work, work, wait))
         out: list[np.ndarray] = []  # where the block is folded (_fold_into)
 
         def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
@@ -420,9 +421,9 @@ def halves_resumable(gather: bool):
                 work[...] = out[0]
             return done
 
-        return step
+        return call._replace(step=step)
 
-    return resumable
+    return prepare
 
 
 # A call's cells from _capi's CELL_OWN: (address, length) of the window as the
@@ -512,7 +513,6 @@ class _Node:
     def __init__(self, ctx: Context) -> None:
         self.win: MPI.Win | None = None
         self.calls: dict[tuple[int, float], tuple] = {}  # (tag, timeout) -> _shape's
-        self.compiled: dict[tuple[int, float, int], tuple] = {}  # (tag, timeout, count) -> its call
 
     def open(self, ctx: Context, timeout: float) -> None:
         """Allocate the window (collective over the node, once)."""
@@ -539,7 +539,6 @@ class _Node:
 
     def free(self) -> None:
         self.calls.clear()
-        self.compiled.clear()
         if self.win is None:
             return
         self.node.Barrier()  # nobody still reads it
@@ -572,57 +571,36 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
     return found
 
 
-def compiled(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
-    """(in_place, from, cells): the loop once more on ``count`` elements, straight
-    from compiled code, for calls that repeat (the record's ``compiled``); the two
-    calls raise the loop's errors themselves. None for the half types (their own
-    record repeats as a plain call)."""
-    if red.half:
-        return None
+def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+    """The record's ``prepare``: the loop once more on ``count`` elements, straight
+    from compiled code (the two calls raise the loop's errors themselves), and its
+    ``step(work, source, wait)``: the same call told whether to wait, whether done
+    (None: not arrays of this call, nothing done)."""
     node, params, divisor, data, _ = _shape(red, ctx, timeout)
-    key = (red.tag, timeout, count)
-    found = node.compiled.get(key)
-    if found is None:
-        per = red.dtype.itemsize // data.itemsize
-        report, flags = params[_NPARAMS:], node.flags
+    per = red.dtype.itemsize // data.itemsize
+    report, flags = params[_NPARAMS:], node.flags
 
-        def failed() -> None:
-            _raise(report, count * per, red, ctx, timeout)
+    def failed() -> None:  # kept by the two calls: its address is in the cells
+        _raise(report, count * per, red, ctx, timeout)
 
-        cells = np.zeros(_D_CELLS, np.int64)
-        cells[:CELL_OWN] = (int(MPI.IN_PLACE), 0, 0, 0, count, _direct.number(red.dtype),
-                         _c_function(data.dtype), id(failed))  # fmt: skip
-        cells[CELL_OWN:] = (data.ctypes.data, data.size, flags.ctypes.data, flags.size,
-                         params.ctypes.data, params.size, divisor.ctypes.data, divisor.size,
-                         per)  # fmt: skip
+    cells = np.zeros(_D_CELLS, np.int64)
+    cells[:CELL_OWN] = (int(MPI.IN_PLACE), 0, 0, 0, count, _direct.number(red.dtype),
+                     _c_function(data.dtype), id(failed))  # fmt: skip
+    cells[CELL_OWN:] = (data.ctypes.data, data.size, flags.ctypes.data, flags.size,
+                     params.ctypes.data, params.size, divisor.ctypes.data, divisor.size,
+                     per)  # fmt: skip
 
-        def in_place(work: np.ndarray, cells: np.ndarray) -> int:
-            err = _direct.again_in_place(work, cells)
-            if err > 0:
-                failed()
-            return err
+    def in_place(work: np.ndarray, cells: np.ndarray) -> int:
+        err = _direct.again_in_place(work, cells)
+        if err > 0:
+            failed()
+        return err
 
-        def from_(work: np.ndarray, source: np.ndarray, cells: np.ndarray) -> int:
-            err = _direct.again_from(work, source, cells)
-            if err > 0:
-                failed()
-            return err
-
-        found = node.compiled[key] = (in_place, from_, cells, failed)  # failed: kept
-    return found[:3]
-
-
-def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
-    """``step(work, source, wait)``: the all-reduce of ``count`` elements started, or
-    carried on, as far as it goes without waiting for another rank (``wait`` False)
-    or to its end; whether it is done (None: not arrays of this call, nothing done).
-    The record's ``resumable``: the repeat's compiled call (:func:`compiled`), told
-    whether to wait. None for the half types."""
-    made = compiled(red, ctx, count, timeout)
-    if made is None:
-        return None
-    in_place, from_, cells = made
-    params = _shape(red, ctx, timeout)[1]
+    def from_(work: np.ndarray, source: np.ndarray, cells: np.ndarray) -> int:
+        err = _direct.again_from(work, source, cells)
+        if err > 0:
+            failed()
+        return err
 
     def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool | None:
         params[_NOWAIT] = not wait
@@ -632,7 +610,7 @@ def resumable(red: Reduction, ctx: Context, count: int, timeout: float = 0.0):
             params[_NOWAIT] = 0
         return None if err else params.item(_STAGE) == _NEW  # err: STALE (others raise)
 
-    return step
+    return compiled(shared_memory_allreduce, red, ctx, timeout, in_place, from_, cells, step)
 
 
 def _raise(report: np.ndarray, lanes: int, red: Reduction, ctx: Context,
@@ -694,8 +672,7 @@ SHARED_MEMORY = register(
     one_node=True,
     half=shared_memory_allreduce,
     state=_Node,
-    compiled=compiled,
-    resumable=resumable,
+    prepare=prepare,
     warm=warm,
 )
 
@@ -740,9 +717,10 @@ def halves_terms(gather: bool):
 
 register("shared_memory", shared_memory_reduce_scatter, collective="reduce_scatter",
          terms=halves_terms(False), one_node=True, half=shared_memory_reduce_scatter,
-         resumable=halves_resumable(False))  # fmt: skip
+         prepare=halves_prepare(shared_memory_reduce_scatter, False))  # fmt: skip
 register("shared_memory", shared_memory_all_gather, collective="allgather",
-         terms=halves_terms(True), one_node=True, resumable=halves_resumable(True))  # fmt: skip
+         terms=halves_terms(True), one_node=True,
+         prepare=halves_prepare(shared_memory_all_gather, True))  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

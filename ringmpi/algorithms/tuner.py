@@ -530,8 +530,6 @@ class Lease:
     remembered, or the call). With ``left`` None (a job's call once the lease is
     over: a job runs no trial) it is not to be remembered for repeats."""
 
-    resumable = None  # a nonblocking call's job runs it to its end
-
     def __init__(self, tuner: Tuner, record, left: np.ndarray | None, counts: bool) -> None:
         self.tuner, self.record, self.left, self.counts = tuner, record, left, counts
         self.name, self.own = record.name, record.own

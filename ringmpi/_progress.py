@@ -439,14 +439,19 @@ class Progress:
 
     def wait(self, job: Job) -> None:
         """Return once ``job`` is done: carried out here, with the calls queued before
-        it, where the thread has not taken them yet (waking it and waiting for it
-        costs more than a small call); else once the thread has carried it out
-        (polling a while, then sleeping)."""
-        self._take(job)
-        if self._poll_ns and not job.done:
-            _poll(self._counts, _FINISHED, job.number, self._poll_ns)
-        with self._cv:
-            self._cv.wait_for(lambda: job.done)
+        it, each as soon as the thread runs none (waking it and waiting for it costs
+        more than a small call); else once the thread has carried it out. While the
+        thread runs a call, the caller polls a while for its end, then sleeps."""
+        counts, cv, queue = self._counts, self._cv, self._queue
+        while True:
+            self._take(job)
+            if job.done:
+                return
+            if self._poll_ns:
+                _poll(counts, _FINISHED, int(counts[_TAKEN]), self._poll_ns)
+            with cv:
+                cv.wait_for(lambda: job.done or (self._running is None and bool(queue)
+                                                 and queue[0] is not None))  # fmt: skip
 
     def _take(self, last: Job | None) -> None:
         """Carry out the queued calls on this thread, in order, through ``last`` (None:

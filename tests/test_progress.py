@@ -83,3 +83,21 @@ def test_a_wait_before_the_thread_takes_a_call_carries_it_out_itself(queue, monk
     assert left.done
     assert progress._thread is not None
     assert calls.ran[-1] == (20, progress._thread.ident)
+
+
+def test_a_wait_behind_the_threads_call_carries_its_own_out_once_that_ends(queue, monkeypatch):
+    monkeypatch.setattr(_progress, "_GRACE_NS", 50_000_000)  # the thread waits 50 ms
+    monkeypatch.setattr(_progress, "_POLL_NS", 2_000_000_000)
+    progress, calls = queue(True), Calls()
+    first = calls.job(0, seconds=0.1)
+    progress.submit(first)  # not waited for: the thread's, once its grace is over
+    deadline = time.monotonic() + 10
+    while progress._running is not first and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert progress._running is first
+    second = calls.job(1)
+    progress.submit(second)
+    progress.wait(second)  # the thread's call ends first; the second is not its
+    assert first.done and second.done
+    assert progress._thread is not None
+    assert calls.ran == [(0, progress._thread.ident), (1, threading.get_ident())]

@@ -125,14 +125,14 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
     )
     if not simple:
         return
+    if key not in _seen and not at_once:  # not a repeat (yet)
+        _seen.put(key, None)
+        return
     args = (op, comm, algorithm, validate, timeout_arg, reproducible)
     old = found(sendbuf, recvbuf, args)
     if old is not None and old.call is not UNMADE and _progress.pending:
         # a call that took the full path as calls were queued (the progress thread's)
         # is remembered once: the step a queued call takes is this entry's
-        return
-    if key not in _seen and not at_once:  # not a repeat (yet)
-        _seen.put(key, None)
         return
     call = make()
     settings = _settings.current()

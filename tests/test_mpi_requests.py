@@ -229,11 +229,12 @@ def test_every_kind_of_call_follows_the_settings_as_the_blocking_call(settings, 
     agree(WORLD, problems)
 
 
-# The calls that stop at a wait and go on later: every own record's but symmetric's
-# (it reads the other ranks' arrays where they lie, and so waits for their start).
-RESUMABLE = [a.name for a in registry.records() if a.own and a.name != "symmetric"]
+# The calls that stop at a wait and go on later: those of every own record that makes
+# its call ready itself (a plan's, or its own prepare; not symmetric, which reads the
+# other ranks' arrays where they lie, and so waits for their start).
+RESUMABLE = [a.name for a in registry.records() if a.own and a.prepare is not None]
 HALVES_RESUMABLE = [(c, a.name) for c in ("reduce_scatter", "allgather")
-                    for a in registry.records(c) if a.own]  # fmt: skip
+                    for a in registry.records(c) if a.own and a.prepare is not None]  # fmt: skip
 
 
 def late_rank(start, fill, result) -> list[str]:

@@ -88,7 +88,7 @@ from .._settings import Settings, current
 from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
 from ..schedule import chunk_bounds, owned_slices, virtual_node
-from .registry import Call, get, listing, plain, records, register
+from .registry import Algorithm, Call, get, listing, plain, records, register
 
 
 @dataclass
@@ -558,7 +558,7 @@ def _call(work: np.ndarray, red: Reduction, ctx: Context, source: np.ndarray | N
         _trace.record_shared(written=work.nbytes, read=loaded * dt.itemsize)
 
 
-def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
     """The record's ``prepare``: its run in Python, and its ``step(work, source, wait)``:
     the call of ``count`` elements started, or carried on, as far as it goes without
     waiting for another rank (``wait`` False) or to its end; whether it is done (None:
@@ -586,7 +586,7 @@ def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> C
             raise
         return False
 
-    return plain(hierarchical_allreduce, red, ctx, count, timeout)._replace(step=step)
+    return plain(algo, red, ctx, count, timeout)._replace(step=step)
 
 
 def _node_phase(passes: tuple, phase: int, name: str, wait: bool = True) -> bool:

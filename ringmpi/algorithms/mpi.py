@@ -18,7 +18,7 @@ from .. import _direct
 from .._capi import handle
 from .._comm import Context, complete, library_allreduce
 from ..kernels import DTYPES, Reduction
-from .registry import Call, compiled, plain, register
+from .registry import Algorithm, Call, compiled, plain, register
 
 
 def mpi_allreduce_run(
@@ -54,14 +54,14 @@ def direct(red: Reduction, count: int, timeout: float = 0.0) -> bool:
     return not timeout and count <= _INT_MAX and red.partials() is red
 
 
-def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
     """The record's ``prepare``: MPI_Allreduce once more straight from compiled code
     (the API's repeat path reads its cells), or through mpi4py where the call needs
     Python (a timeout polls the nonblocking call, AVG divides after, a count above a
     C int goes through MPI_Allreduce_c)."""
     if not direct(red, count, timeout):
-        return plain(mpi_allreduce_run, red, ctx, count, timeout)
-    return compiled(mpi_allreduce_run, red, ctx, timeout, _direct.again_in_place,
+        return plain(algo, red, ctx, count, timeout)
+    return compiled(algo, red, ctx, timeout, _direct.again_in_place,
                     _direct.again_from, _cells(red, ctx.comm, count))  # fmt: skip
 
 

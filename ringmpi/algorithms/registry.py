@@ -30,7 +30,7 @@ seconds without progress before a rank gives up (0: none).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
@@ -98,9 +98,9 @@ class Algorithm:
     # Its per-communicator state: State(ctx), made on first use by ctx.state(name),
     # freed (state.free()) with the communicator.
     state: type | None = None
-    # prepare(red, ctx, count, timeout) -> Call: its call of ``count`` elements made
-    # ready, for every kind of call (a half's: its counts per rank for count); a plan
-    # gives one, and None is the run in Python with no step (see prepare).
+    # prepare(record, red, ctx, count, timeout) -> Call: its call of ``count`` elements
+    # made ready, for every kind of call (a half's: its counts per rank for count); a
+    # plan gives one, and None is the run in Python with no step (see prepare).
     prepare: Callable[..., Call] | None = None
     # warm(kinds): compile its loops for these lanes dtypes.
     warm: Callable[[set[np.dtype]], None] | None = None
@@ -135,10 +135,10 @@ def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algori
         plan = fields["plan"]
         if collective == "allreduce":
             run = engine_run(name, plan)
-            fields.setdefault("prepare", engine_prepare(name, plan))
+            fields.setdefault("prepare", engine_prepare)
         else:
             run = half_run(name, plan, collective)
-            fields.setdefault("prepare", half_prepare(name, plan, collective))
+            fields.setdefault("prepare", half_prepare)
     summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
     algo = Algorithm(name, run, summary, **fields)
     _REGISTRY[collective][name] = algo
@@ -181,46 +181,40 @@ def half_run(name: str, builder: Callable[..., Any], collective: str) -> Algorit
     return run
 
 
-def engine_prepare(name: str, plan: PlanFn) -> Callable[..., Call]:
+def engine_prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int,
+                   timeout: float) -> Call:  # fmt: skip
     """The ``prepare`` of a plan algorithm: the step engine's step on its plan, which
     also makes its repeats."""
-
-    def prepare(red, ctx, count, timeout):
-        step = _engine.prepare(ctx.plan(plan, count, red.dtype.itemsize), red, ctx, name,
-                               timeout)  # fmt: skip
-        return Call(step, *repeats(step, red.dtype, count), step=step)
-
-    return prepare
+    plan = ctx.plan(algo.plan, count, red.dtype.itemsize)
+    step = _engine.prepare(plan, red, ctx, algo.name, timeout)
+    return Call(step, *repeats(step, red.dtype, count), step=step)
 
 
-def half_prepare(name: str, builder: Callable[..., Any], collective: str) -> Callable[..., Call]:
+def half_prepare(algo: Algorithm, red: Reduction, ctx: Context, counts: Sequence[int],
+                 timeout: float) -> Call:  # fmt: skip
     """The ``prepare`` of a half with a plan: its run in Python, with the step engine's
     step on the arrays :func:`half_run`'s run takes (the reduce-scatter on the same
     working copy, rank r's block copied out once done)."""
-    run = half_run(name, builder, collective)
+    counts, builder = tuple(counts), algo.plan
+    assert builder is not None  # (register gives it only to a half with a plan)
+    call = plain(algo, red, ctx, counts, timeout)
+    if algo.collective == "allgather":
+        step = _engine.prepare(ctx.plan(builder(counts), sum(counts), 1), red, ctx, algo.name,
+                               timeout)  # fmt: skip
+        return call._replace(step=lambda work, source, wait: step(work, work, wait))
+    total, r = sum(counts), ctx.rank
+    step = _engine.prepare(ctx.plan(builder(counts), total, red.dtype.itemsize), red, ctx,
+                           algo.name, timeout)  # fmt: skip
+    start = sum(counts[:r])
 
-    def prepare(red, ctx, counts, timeout):
-        counts = tuple(counts)
-        call = plain(run, red, ctx, counts, timeout, collective)
-        if collective == "allgather":
-            step = _engine.prepare(ctx.plan(builder(counts), sum(counts), 1), red, ctx, name,
-                                   timeout)  # fmt: skip
-            return call._replace(step=lambda work, source, wait: step(work, work, wait))
-        total, r = sum(counts), ctx.rank
-        step = _engine.prepare(ctx.plan(builder(counts), total, red.dtype.itemsize), red, ctx,
-                               name, timeout)  # fmt: skip
-        start = sum(counts[:r])
+    def go(work, source, wait):
+        scratch = ctx.scratch(total * red.dtype.itemsize).view(red.dtype)
+        done = step(scratch, source, wait)
+        if done:
+            work[...] = scratch[start : start + counts[r]]
+        return done
 
-        def go(work, source, wait):
-            scratch = ctx.scratch(total * red.dtype.itemsize).view(red.dtype)
-            done = step(scratch, source, wait)
-            if done:
-                work[...] = scratch[start : start + counts[r]]
-            return done
-
-        return call._replace(step=go)
-
-    return prepare
+    return call._replace(step=go)
 
 
 def records(collective: str = "allreduce") -> list[Algorithm]:
@@ -317,16 +311,14 @@ class Call(NamedTuple):
 def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: Any, timeout: float) -> Call:
     """``algo``'s call of ``count`` elements of ``red``'s dtype on ``ctx`` (a half's: its counts
     per rank), made ready (its record's ``prepare``, or its run in Python)."""
-    if algo.prepare is None:
-        return plain(algo.run, red, ctx, count, timeout, algo.collective)
-    return algo.prepare(red, ctx, count, timeout)
+    return (algo.prepare or plain)(algo, red, ctx, count, timeout)
 
 
-def plain(run: AlgorithmFn, red: Reduction, ctx: Context, count: Any, timeout: float,
-          collective: str = "allreduce") -> Call:  # fmt: skip
-    """The call that ``run`` makes in Python, with no step (a half's: ``count`` its
-    counts per rank, and no repeats of the all-reduce's)."""
-    if collective != "allreduce":
+def plain(algo: Algorithm, red: Reduction, ctx: Context, count: Any, timeout: float) -> Call:
+    """The call that ``algo``'s run makes in Python, with no step (a half's: ``count``
+    its counts per rank, and no repeats of the all-reduce's)."""
+    run = algo.run
+    if algo.collective != "allreduce":
         return Call(lambda work, source: run(work, red, ctx, source, timeout, count),
                     _no_repeat, _no_repeat)  # fmt: skip
 
@@ -340,12 +332,13 @@ def _no_repeat(*_arrays: Any) -> int:
     return STALE
 
 
-def compiled(run: AlgorithmFn, red: Reduction, ctx: Context, timeout: float, in_place,
+def compiled(algo: Algorithm, red: Reduction, ctx: Context, timeout: float, in_place,
              from_, cells: np.ndarray, step=None) -> Call:  # fmt: skip
     """The call that ``in_place(recvbuf, cells)`` and ``from_(recvbuf, sendbuf, cells)``
     make from compiled code (see :class:`Call`): ``again`` is a builtin whose C
-    function makes it (as the API's C repeat path does), ``run`` where the arrays are
-    not the ones it was made for."""
+    function makes it (as the API's C repeat path does), ``algo``'s run where the
+    arrays are not the ones it was made for."""
+    run = algo.run
 
     def again(work: np.ndarray, source: np.ndarray) -> None:
         err = in_place(work, cells) if source is work else from_(work, source, cells)

@@ -80,7 +80,7 @@ from .._ops import divide_by, fold_in_order_by_code
 from .._report import DISAGREE, HEADER, TIMED_OUT, header, parameters, raise_from
 from .._shm import NOT_YET, all_up, node_window, raise_flag
 from ..kernels import Reduction
-from .registry import Call, compiled, plain, records, register
+from .registry import Algorithm, Call, compiled, plain, records, register
 
 __all__ = ["CROWDED_SET_BYTES", "SCATTER_BYTES", "SET_BYTES", "STREAM_OUT_FROM", "prepare",
            "shared_memory_halves", "warm"]  # fmt: skip
@@ -393,37 +393,34 @@ def _fold_into(work: np.ndarray, source: np.ndarray, ctx: Context) -> np.ndarray
     return ctx.scratch(work.nbytes).view(work.dtype) if np.may_share_memory(work, source) else work
 
 
-def halves_prepare(run, gather: bool):
-    """The halves records' ``prepare(red, ctx, counts, timeout)``: ``run`` in Python,
-    with its ``step(work, source, wait)`` on the arrays ``run`` takes, whether done
-    (one rank: no step, the run carries it out)."""
+def halves_prepare(algo: Algorithm, red: Reduction, ctx: Context, counts: Sequence[int],
+                   timeout: float) -> Call:  # fmt: skip
+    """The halves records' ``prepare``: their run in Python, with its ``step(work, source,
+    wait)`` on the arrays the run takes, whether done (one rank: no step, the run
+    carries it out)."""
+    call = plain(algo, red, ctx, tuple(counts), timeout)
+    if ctx.size == 1:
+        return call
+    gather = algo.collective == "allgather"
+    shape = _shape(red, ctx, timeout)
+    blocks, own = _blocks(red, counts, shape[4]), sum(counts[: ctx.rank])
 
-    def prepare(red: Reduction, ctx: Context, counts: Sequence[int], timeout: float) -> Call:
-        call = plain(run, red, ctx, tuple(counts), timeout, "allgather" if gather else
-                     "reduce_scatter")  # fmt: skip
-        if ctx.size == 1:
-            return call
-        shape = _shape(red, ctx, timeout)
-        blocks, own = _blocks(red, counts, shape[4]), sum(counts[: ctx.rank])
+    def inner(out: np.ndarray, source: np.ndarray, wait: bool) -> bool:
+        return _halves_call(out, source, own, blocks, shape, red, ctx, timeout, gather, wait)
 
-        def inner(out: np.ndarray, source: np.ndarray, wait: bool) -> bool:
-            return _halves_call(out, source, own, blocks, shape, red, ctx, timeout, gather, wait)
+    if gather:
+        return call._replace(step=lambda work, source, wait: inner(work, work, wait))
+    out: list[np.ndarray] = []  # where the block is folded (_fold_into)
 
-        if gather:
-            return call._replace(step=lambda work, source, wait: inner(work, work, wait))
-        out: list[np.ndarray] = []  # where the block is folded (_fold_into)
+    def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
+        if not out:
+            out.append(_fold_into(work, source, ctx))
+        done = inner(out[0], source, wait)
+        if done and out[0] is not work:
+            work[...] = out[0]
+        return done
 
-        def step(work: np.ndarray, source: np.ndarray, wait: bool) -> bool:
-            if not out:
-                out.append(_fold_into(work, source, ctx))
-            done = inner(out[0], source, wait)
-            if done and out[0] is not work:
-                work[...] = out[0]
-            return done
-
-        return call._replace(step=step)
-
-    return prepare
+    return call._replace(step=step)
 
 
 # A call's cells from _capi's CELL_OWN: (address, length) of the window as the
@@ -571,7 +568,7 @@ def _shape(red: Reduction, ctx: Context, timeout: float) -> tuple:
     return found
 
 
-def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> Call:
+def prepare(algo: Algorithm, red: Reduction, ctx: Context, count: int, timeout: float) -> Call:
     """The record's ``prepare``: the loop once more on ``count`` elements, straight
     from compiled code (the two calls raise the loop's errors themselves), and its
     ``step(work, source, wait)``: the same call told whether to wait, whether done
@@ -610,7 +607,7 @@ def prepare(red: Reduction, ctx: Context, count: int, timeout: float = 0.0) -> C
             params[_NOWAIT] = 0
         return None if err else params.item(_STAGE) == _NEW  # err: STALE (others raise)
 
-    return compiled(shared_memory_allreduce, red, ctx, timeout, in_place, from_, cells, step)
+    return compiled(algo, red, ctx, timeout, in_place, from_, cells, step)
 
 
 def _raise(report: np.ndarray, lanes: int, red: Reduction, ctx: Context,
@@ -717,10 +714,9 @@ def halves_terms(gather: bool):
 
 register("shared_memory", shared_memory_reduce_scatter, collective="reduce_scatter",
          terms=halves_terms(False), one_node=True, half=shared_memory_reduce_scatter,
-         prepare=halves_prepare(shared_memory_reduce_scatter, False))  # fmt: skip
+         prepare=halves_prepare)  # fmt: skip
 register("shared_memory", shared_memory_all_gather, collective="allgather",
-         terms=halves_terms(True), one_node=True,
-         prepare=halves_prepare(shared_memory_all_gather, True))  # fmt: skip
+         terms=halves_terms(True), one_node=True, prepare=halves_prepare)  # fmt: skip
 
 
 if __name__ == "__main__":  # a module, not a program: say where the tool is

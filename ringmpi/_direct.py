@@ -72,11 +72,12 @@ STALE = -1
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of a call on recvbuf at address a and comm at address c (None's where the
-# call names none) is slot ((a ^ c) >> 4) & (_SLOTS - 1): an array reduced on two
-# communicators in turn keeps a call for each.
-(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, MASK, SETTINGS_NOW, TRACES, PYTHON,
- OP_NAME, COMM_NAME, PENDING) = range(12)  # fmt: skip
-_HEADER = 12
+# call names none) is slot(a ^ c) (_slot_of: every bit of the address moves the
+# slot, so that objects allocated in a row, 96 bytes apart, reach every slot): an
+# array reduced on two communicators in turn keeps a call for each.
+(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, SETTINGS_NOW, TRACES, PYTHON, OP_NAME,
+ COMM_NAME, PENDING) = range(11)  # fmt: skip
+_HEADER = 11
 # An entry: the objects, what the arrays must be, the address of the call's cells,
 # the callable that raises its errors, the settings snapshot.
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
@@ -87,6 +88,10 @@ _MISS = -1
 # A method's cells (see method): the table, and the method's Python function.
 M_TABLE, M_PYTHON = range(2)
 _SLOTS = 256
+# Fibonacci hashing: the address (its 16-byte units) times 2**64 over the golden
+# ratio, whose top bits are the slot.
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_SLOT_SHIFT = np.uint64(64 - (_SLOTS - 1).bit_length())
 # A caller's cells (see caller): one prepared call.
 C_CELLS, C_DESCR, C_NONE, C_RAISE, C_ERROR, C_PYTHON = range(6)
 
@@ -102,12 +107,11 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
         _state["entry"] = python
         return python
     holder = _builtins.holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
-    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, MASK, SETTINGS_NOW, TRACES, PENDING]] = [
+    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, SETTINGS_NOW, TRACES, PENDING]] = [
         id(MPI.IN_PLACE),
         id(MPI.SUM),
         id(None),
         id(holder.failed),
-        _SLOTS - 1,
         id(_settings._now),
         id(_trace._active),
         id(_progress.pending),
@@ -199,7 +203,16 @@ def slot(recvbuf: Any, comm: Any = None) -> int:
     """The slot of the table a call on ``recvbuf`` and ``comm`` (as the call names it;
     None where it names none) is remembered in, by their addresses: one call per
     slot, so calls that share a slot evict each other's."""
-    return ((id(recvbuf) ^ id(comm)) >> 4) & (_SLOTS - 1)
+    return ((((id(recvbuf) ^ id(comm)) >> 4) * int(_MIX)) & _BITS64) >> int(_SLOT_SHIFT)
+
+
+_BITS64 = (1 << 64) - 1
+
+
+@numba.njit(cache=True)
+def _slot_of(x):
+    """What :func:`slot` gives for the addresses that XOR to ``x``, in compiled code."""
+    return np.int64((np.uint64(x >> 4) * _MIX) >> _SLOT_SHIFT)
 
 
 def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
@@ -410,7 +423,7 @@ def _lookup(table, pos, npos, kwnames, self_comm):
     if op == none:  # None means MPI.SUM
         op = peek(table + 8 * SUM_OBJ)
     recv = peek(pos + 8)
-    at = table + 8 * (_HEADER + _WIDTH * (((recv ^ comm) >> 4) & peek(table + 8 * MASK)))
+    at = table + 8 * (_HEADER + _WIDTH * _slot_of(recv ^ comm))
     if peek(at + 8 * RECV) != recv:
         return _MISS
     send, cells = peek(pos), peek(at + 8 * CELLS_AT)

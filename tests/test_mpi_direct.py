@@ -208,6 +208,18 @@ def test_a_read_only_sendbuf_is_read_in_c(through_python):
     agree(WORLD, problems)
 
 
+def test_arrays_made_in_a_row_reach_every_slot_of_the_table():
+    # A model's parameters, a sweep's buffers: objects allocated one after another lie
+    # a fixed stride apart (96 bytes for NumPy 2's arrays), and each must be able to
+    # keep its own call; the slot of the address' 16-byte units alone reached half
+    # the table at that stride.
+    base = np.empty(16)
+    views = [base.view() for _ in range(4000)]
+    for comm in (None, WORLD):
+        reached = {_direct.slot(v, comm) for v in views}
+        assert len(reached) == _direct._SLOTS, f"comm {comm}: {len(reached)} slots reached"
+
+
 def test_an_array_reduced_on_two_communicators_in_turn_stays_in_c(through_python):
     rows, cols = WORLD.Dup(), WORLD.Dup()  # a 2-D decomposition's two communicators
     problems = []

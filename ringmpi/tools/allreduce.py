@@ -198,12 +198,15 @@ def _views(arrays: list[np.ndarray], n: int, comm: MPI.Intracomm) -> list[list[n
     spare: list[np.ndarray] = []  # held until the views are chosen: no address comes again
     for array in arrays:
         for row in views:
-            while True:
+            for _ in range(64 * _direct._SLOTS):  # (a free slot comes in a few tries)
                 view = array.view()
                 slot = _direct.slot(view, comm)
                 if slot not in taken:
                     break
                 spare.append(view)
+            else:
+                raise RuntimeError(f"no free slot of the C repeat table for {len(taken) + 1} "
+                                   f"of {n * len(arrays)} buffers' views")  # fmt: skip
             taken.add(slot)
             row.append(view)
     return views

@@ -4,11 +4,13 @@
         [--sizes 8,64K,1M,16M,64M] [--against ring,...] [--off-cache-from 16M]
 
 Each size (float32 SUM, in place) and each form of call on a new communicator of
-its own, one form after another, the order turning with the size: auto
-(``ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)``), its nonblocking call
-(``ringmpi.Iallreduce(...).Wait()``), the library's (``comm.Allreduce``, as a
-program calls it) and each named algorithm (``algorithm=name``). Every call
-comes after a barrier and is timed on the slowest rank. A new communicator starts
+its own: auto (``ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm)``), its
+nonblocking call (``ringmpi.Iallreduce(...).Wait()``), the library's
+(``comm.Allreduce``, as a program calls it) and each named algorithm
+(``algorithm=name``). The forms take turns call by call, the order turning with
+each round, so that each form's k-th call meets the machine as the others' k-th
+calls do. Every call comes after a barrier and is timed on the slowest rank. A
+new communicator starts
 with no tuned choice and no window, as a program's first calls do; with
 ``RINGMPI_TUNER=memory`` no tuner file from an earlier run is read. The kernels
 are loaded first (``ringmpi.warm``) and ringmpi's modules imported, as they are
@@ -26,6 +28,7 @@ adds one pair an element: the same bits).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import time
 
 import numpy as np
@@ -75,24 +78,29 @@ def main() -> None:
         sets = 1
         if size >= parse_size(args.off_cache_from) and cache:
             sets = max(2, -(-2 * cache // (size * per_node)))
-        order = forms[s % len(forms) :] + forms[: s % len(forms)]
-        took: dict[str, list[float]] = {}
-        bits: dict[str, bytes] = {}
-        for form in order:
-            comm = world.Dup()
-            xs = [data.copy() for _ in range(sets)]
-            times = []
-            for i in range(1 + args.calls):
-                x = xs[i % sets]
+        comms = {form: world.Dup() for form in forms}
+        xs = {form: [data.copy() for _ in range(sets)] for form in forms}
+        took: dict[str, list[float]] = {form: [] for form in forms}
+        for i in range(1 + args.calls):
+            turn = (s + i) % len(forms)
+            for form in forms[turn:] + forms[:turn]:
+                comm, x = comms[form], xs[form][i % sets]
                 comm.Barrier()
                 t0 = time.perf_counter()
                 call(form, x, comm)
-                times.append(time.perf_counter() - t0)
-            slowest = np.empty(len(times))
-            comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
+                took[form].append(time.perf_counter() - t0)
+        bits: dict[str, bytes] = {}
+        for form in forms:
+            slowest = np.empty(1 + args.calls)
+            world.Allreduce(np.array(took[form]), slowest, op=MPI.MAX)
             took[form] = slowest.tolist()
-            bits[form] = b"".join(x.tobytes() for x in xs[: 1 + args.calls])  # those reduced
-            comm.Free()
+            digest = hashlib.blake2b()  # of the buffers reduced
+            for x in xs[form][: 1 + args.calls]:
+                digest.update(x)
+            bits[form] = digest.digest()
+            comms[form].Free()
+        del xs
+        order = forms[s % len(forms) :] + forms[: s % len(forms)]
         same = len(set(bits.values())) == 1 and len(set(world.allgather(bits["auto"]))) == 1
         if world.rank != 0:
             continue

@@ -10,11 +10,10 @@ nonblocking call (``ringmpi.Iallreduce(...).Wait()``), the library's
 (``algorithm=name``). The forms take turns call by call, the order turning with
 each round, so that each form's k-th call meets the machine as the others' k-th
 calls do. Every call comes after a barrier and is timed on the slowest rank. A
-new communicator starts
-with no tuned choice and no window, as a program's first calls do; with
-``RINGMPI_TUNER=memory`` no tuner file from an earlier run is read. The kernels
-are loaded first (``ringmpi.warm``) and ringmpi's modules imported, as they are
-once per machine and program. From ``--off-cache-from`` on, the calls take turns
+new communicator starts with no tuned choice and no window, as a program's first
+calls do; with ``RINGMPI_TUNER=memory`` no tuner file from an earlier run is read.
+The kernels are loaded first (``ringmpi.warm``) and ringmpi's modules imported, as
+they are once per machine and program. From ``--off-cache-from`` on, the calls take turns
 on as many buffers as make the ranks touch twice the last-level cache before one
 comes back (in place, never reset: each call doubles what the last left, exactly).
 

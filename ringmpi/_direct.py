@@ -72,9 +72,9 @@ STALE = -1
 
 # The table, an int64 array: a header, then _SLOTS entries of _WIDTH cells; the
 # entry of a call on recvbuf at address a and comm at address c (None's where the
-# call names none) is slot(a ^ c) (_slot_of: every bit of the address moves the
-# slot, so that objects allocated in a row, 96 bytes apart, reach every slot): an
-# array reduced on two communicators in turn keeps a call for each.
+# call names none) is slot(a ^ c), by Fibonacci hashing (objects allocated in a row,
+# 96 bytes apart, reach every slot): an array reduced on two communicators in turn
+# keeps a call for each.
 (IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, SETTINGS_NOW, TRACES, PYTHON, OP_NAME,
  COMM_NAME, PENDING) = range(11)  # fmt: skip
 _HEADER = 11
@@ -92,6 +92,7 @@ _SLOTS = 256
 # ratio, whose top bits are the slot.
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SLOT_SHIFT = np.uint64(64 - (_SLOTS - 1).bit_length())
+_BITS64 = (1 << 64) - 1
 # A caller's cells (see caller): one prepared call.
 C_CELLS, C_DESCR, C_NONE, C_RAISE, C_ERROR, C_PYTHON = range(6)
 
@@ -204,9 +205,6 @@ def slot(recvbuf: Any, comm: Any = None) -> int:
     None where it names none) is remembered in, by their addresses: one call per
     slot, so calls that share a slot evict each other's."""
     return ((((id(recvbuf) ^ id(comm)) >> 4) * int(_MIX)) & _BITS64) >> int(_SLOT_SHIFT)
-
-
-_BITS64 = (1 << 64) - 1
 
 
 @numba.njit(cache=True)

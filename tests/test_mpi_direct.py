@@ -211,8 +211,8 @@ def test_a_read_only_sendbuf_is_read_in_c(through_python):
 def test_arrays_made_in_a_row_reach_every_slot_of_the_table():
     # A model's parameters, a sweep's buffers: objects allocated one after another lie
     # a fixed stride apart (96 bytes for NumPy 2's arrays), and each must be able to
-    # keep its own call; the slot of the address' 16-byte units alone reached half
-    # the table at that stride.
+    # keep its own call: a slot made of a few of the address's bits would reach only
+    # part of the table at such a stride.
     base = np.empty(16)
     views = [base.view() for _ in range(4000)]
     for comm in (None, WORLD):

@@ -13,9 +13,10 @@ calls do. Every call comes after a barrier and is timed on the slowest rank. A
 new communicator starts with no tuned choice and no window, as a program's first
 calls do; with ``RINGMPI_TUNER=memory`` no tuner file from an earlier run is read.
 The kernels are loaded first (``ringmpi.warm``) and ringmpi's modules imported, as
-they are once per machine and program. From ``--off-cache-from`` on, the calls take turns
-on as many buffers as make the ranks touch twice the last-level cache before one
-comes back (in place, never reset: each call doubles what the last left, exactly).
+they are once per machine and program. From ``--off-cache-from`` on, the calls take
+turns on as many buffers as make the ranks touch twice the last-level cache before
+one comes back (in place, never reset: each call doubles what the last left,
+exactly).
 
 Prints, per size and form: the first call (a communicator's first: its one-time
 costs), the sums of the next 10 and of the next ``--calls``, and for auto and its

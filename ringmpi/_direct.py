@@ -203,7 +203,10 @@ class _Entries:
 def slot(recvbuf: Any, comm: Any = None) -> int:
     """The slot of the table a call on ``recvbuf`` and ``comm`` (as the call names it;
     None where it names none) is remembered in, by their addresses: one call per
-    slot, so calls that share a slot evict each other's."""
+    slot, so calls that share a slot evict each other's. (:func:`_slot_of`'s
+    arithmetic in Python: a compiled function's first call from Python in a
+    process sets up its dispatcher, which a program's first remembered call would
+    pay.)"""
     return ((((id(recvbuf) ^ id(comm)) >> 4) * int(_MIX)) & _BITS64) >> int(_SLOT_SHIFT)
 
 

@@ -218,6 +218,8 @@ def test_arrays_made_in_a_row_reach_every_slot_of_the_table():
     for comm in (None, WORLD):
         reached = {_direct.slot(v, comm) for v in views}
         assert len(reached) == _direct._SLOTS, f"comm {comm}: {len(reached)} slots reached"
+    # the C lookup's slot is the one install put the call in
+    assert all(_direct._slot_of(id(v) ^ id(WORLD)) == _direct.slot(v, WORLD) for v in views)
 
 
 def test_an_array_reduced_on_two_communicators_in_turn_stays_in_c(through_python):

@@ -75,7 +75,7 @@ SKIPPED: dict[str, str] = {
         "GNU time (Debian's time package) is not on every machine; it measures memory only"
     ),
     "mpirun -n 3 python -m pytest --with-mpi -m mpi tests/test_mpi_halves.py": (
-        "make test runs it at 1-5 ranks; 32 s, 232 s while Numba compiled"
+        "make test runs it at 1-4 ranks; 32 s, 232 s while Numba compiled"
     ),
     # over a minute at 2 ranks
     "mpirun -n 2 python -m ringmpi.allreduce -d bfloat16 -b 512K -e 64M -f 2 "

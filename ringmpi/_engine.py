@@ -40,6 +40,7 @@ import time
 
 import numba
 import numpy as np
+from mpi4py import MPI
 
 from . import _trace
 from ._cache import Bounded
@@ -652,8 +653,11 @@ def lane_kinds(red: Reduction | None) -> set[np.dtype]:
 
 def warm(kinds: set[np.dtype]) -> float:
     """Compile (or load from Numba's cache) the engine for the lanes dtypes ``kinds``
-    (:func:`lane_kinds`); returns the seconds it took."""
+    (:func:`lane_kinds`), and where MPI runs, probe its C ABI (:func:`abi`, a message
+    to self); returns the seconds it took."""
     t0 = time.perf_counter()
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        abi()
     table = np.zeros((0, 9), np.int64)
     i64, i32, u8 = np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.uint8)
     for dt in kinds:

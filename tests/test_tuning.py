@@ -81,6 +81,29 @@ def test_choice_is_the_smallest_prediction():
             assert algorithms.predict(D, choose(D, n, p, 1, p), n, p, 1, p) == best
 
 
+def test_the_tuner_tries_the_best_of_each_kind():
+    def tried(*names):
+        return [a.name for a in algorithms.shortlist_of([algorithms.get(n) for n in names])]
+
+    # the next of the other kind comes second, whatever its rank
+    assert tried("shared_memory", "hierarchical", "rabenseifner", "ring") == [
+        "shared_memory", "rabenseifner"]  # fmt: skip
+    assert tried("ring", "rabenseifner", "recursive_doubling", "hierarchical") == [
+        "ring", "hierarchical"]  # fmt: skip
+    assert tried("shared_memory", "recursive_doubling", "hierarchical") == [
+        "shared_memory", "recursive_doubling"]  # fmt: skip
+    # none of the other kind: the model's next
+    assert tried("hierarchical", "shared_memory") == ["hierarchical", "shared_memory"]
+    assert tried("ring") == ["ring"]
+    # with the defaults on one node of 2 ranks, shared memory's two come first from
+    # 1 MiB: the message-passing best is the one tried beside shared_memory
+    ranked = sorted(
+        algorithms.candidates(), key=lambda a: algorithms.predict(D, a, 64 << 20, 2, 1, 2)
+    )
+    assert ranked[:2] == ["shared_memory", "hierarchical"]
+    assert tried(*ranked) == ["shared_memory", "ring"]
+
+
 def _measured(costs, p, nodes, per_node):
     return [
         {"algorithm": a, "bytes": n, "seconds": algorithms.predict(costs, a, n, p, nodes, per_node)}

@@ -72,6 +72,7 @@ __all__ = [
     "prepared",
     "records",
     "register",
+    "shortlist_of",
     "unregister",
     "usable",
     "warm",
@@ -85,16 +86,15 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks
-    ringmpi's own algorithms by the cost model (:mod:`ringmpi.tuning`) for this
-    size, rank count and node layout; then the online tuner
-    (:mod:`ringmpi.algorithms.tuner`) decides between the model's two best and
-    the library's MPI_Allreduce (where it gives ringmpi's answer:
-    :func:`library_agrees`): while it tries them this returns a
-    :class:`~ringmpi.algorithms.tuner.Trial`. It does so only where every
-    candidate gives the same bits (:func:`answers_agree`; elsewhere the model's
-    pick stands), so that no trial changes what a call returns. The choice is
-    kept per communicator, size and settings, so it costs one lookup after the
-    first call.
+    ringmpi's own algorithms by the cost model (:mod:`ringmpi.tuning`) for this size,
+    rank count and node layout; then the online tuner
+    (:mod:`ringmpi.algorithms.tuner`) decides between the model's best, the best of
+    the other kind (:func:`shortlist_of`) and the library's MPI_Allreduce (where it
+    gives ringmpi's answer: :func:`library_agrees`): while it tries them this returns
+    a :class:`~ringmpi.algorithms.tuner.Trial`. It does so only where every candidate
+    gives the same bits (:func:`answers_agree`; elsewhere the model's pick stands), so
+    that no trial changes what a call returns. The choice is kept per communicator,
+    size and settings, so it costs one lookup after the first call.
 
     Where the reduction order matters (``reproducible`` and a floating or complex
     ``red``; None counts as one) auto chooses among the algorithms that keep it,
@@ -187,13 +187,25 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     # the candidates' bits may differ (a trial would change the call's answer).
     if settings.tuner == "off" or half or ordered or ctx.size == 1 or not agreed:
         return ranked[0]
-    shortlist = ranked[: _tuner.SHORTLIST]
+    shortlist = shortlist_of(ranked)
     library = library and nbytes < _LIBRARY_MAX_BYTES
     if library:
         shortlist += [a for a in pool if a.terms is None]  # the library's own call
     if len(shortlist) == 1:
         return ranked[0]
     return _Trying(_tuner.tuner(ctx, settings, nodes, per_node), shortlist, library)
+
+
+def shortlist_of(ranked: list[Algorithm]) -> list[Algorithm]:
+    """The own algorithms auto's tuner tries, of the model's ranking ``ranked``: the
+    best, then the best of the other kind (those that exchange messages, a plan the
+    step engine carries out, and those that share the node's memory), then the next
+    best, SHORTLIST in all. Where the model is off on a host, it is off alike for
+    algorithms of one kind (shared memory's and hierarchical's copies on one node),
+    so that the other kind's best is the trial that can find it out."""
+    first, rest = ranked[0], ranked[1:]
+    other = [a for a in rest if (a.plan is None) != (first.plan is None)][:1]
+    return [first, *other, *(a for a in rest if a not in other)][: _tuner.SHORTLIST]
 
 
 def library_agrees(red: Reduction | None) -> bool:

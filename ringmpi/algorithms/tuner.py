@@ -4,19 +4,20 @@ and every call after them runs the winner.
 Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
 library's own MPI_Allreduce costs on this machine, nor how far the model is off
 here. So for each size class (the powers of two: a call of n bytes is in class
-``n.bit_length()``), once its lease is over (below: its first calls run the
-cost model's best), the next calls are trials: the model's two best algorithms
-and the library's MPI_Allreduce (where it gives ringmpi's answer:
-:func:`ringmpi.algorithms.library_agrees`; the others are tuned apart, as
-class ``-n.bit_length()``) take turns, each once untimed and then
-:func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call
-timed on the path a repeated call takes. Every
-trial is a real call, with its true result. After the last trial the ranks agree
-on the timings in one collective (the slowest rank's median per candidate, an
-MPI_MAX), so that every rank keeps the same winner; where one of ringmpi's own
-beat the library's call by less than SECOND_ROUND_MARGIN, the two are timed
-again first (a second round), and the ranks decide on both rounds' calls. From
-then on auto's choice for the class is one lookup, as it was before tuning.
+``n.bit_length()``), once its lease is over (below: its first calls run the cost
+model's best), the next calls are trials: the model's best algorithm, the best of the
+other kind (messages or the node's shared memory:
+:func:`ringmpi.algorithms.shortlist_of`) and the library's MPI_Allreduce (where it
+gives ringmpi's answer: :func:`ringmpi.algorithms.library_agrees`; the others are
+tuned apart, as class ``-n.bit_length()``) take turns, each once untimed and then
+:func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call timed
+on the path a repeated call takes. Every trial is a real call, with its true result.
+After the last trial the ranks agree on the timings in one collective (the slowest
+rank's median per candidate, an MPI_MAX), so that every rank keeps the same winner;
+where one of ringmpi's own beat the library's call by less than SECOND_ROUND_MARGIN,
+the two are timed again first (a second round), and the ranks decide on both rounds'
+calls. From then on auto's choice for the class is one lookup, as it was before
+tuning.
 
 Trials time the node as it is. Where other work kept the node busy while they ran
 (more threads runnable than the node has cores and ranks take, and one more, at
@@ -104,15 +105,16 @@ LIBRARY_MARGIN = 0.05
 SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
 # From this size a class's trials start at its first call, with the model's best
-# candidate (the incumbent), and the others' calls come between the incumbent's,
+# candidate (the incumbent), and the others' calls come between the lead's (the
+# incumbent's, until a candidate's agreed median is faster: then that one's),
 # spread so that what they cost beyond it stays near TRIAL_BUDGET of the time the
-# incumbent's calls take: each after as many of the incumbent's calls as its cost
-# beyond them needs (at least one, GAP_MOST at most). That cost is its agreed time
-# where measured, else the incumbent's time again, and ONE_TIME_S more for its
-# first call (a window, its compiled code loaded: 3-6 ms at 2 ranks on a 2-core
-# host). A candidate whose timed call took DROP times the incumbent's is tried no
-# more. A call takes a millisecond or more there, so that the collective that
-# agrees on a trial's time costs little beside it. Below, the lease and round-robin
+# lead's calls take: each after as many of the lead's calls as its cost beyond
+# them needs (at least one, GAP_MOST at most). That cost is its agreed median
+# where measured, else the lead's time again, and ONE_TIME_S more for its first
+# call (a window, its compiled code loaded: 3-6 ms at 2 ranks on a 2-core host).
+# A candidate whose median took DROP times the lead's is tried no more. A call
+# takes a millisecond or more there, so that the collective that agrees on a
+# trial's time costs little beside it. Below, the lease and round-robin
 # trials: a candidate's first call costs as much as many calls.
 SPREAD_FROM = 4 << 20
 TRIAL_BUDGET = 0.1
@@ -154,41 +156,54 @@ class _Trials:
         """The candidate this call runs (an index of ``names``)."""
         if not self.spread:
             return self.calls % len(self.names)
-        if self.runs[0] == 0 or self.gap > 0:
-            return 0
-        left = [i for i in range(1, len(self.names)) if not self._done(i)]
-        return min(left, key=lambda i: (self.runs[i], i)) if left else 0
+        lead = self.lead
+        if self.runs[0] < 2 or self.gap > 0:
+            return lead
+        left = self._left(lead)
+        return min(left, key=lambda i: (self.runs[i], i)) if left else lead
+
+    @property
+    def lead(self) -> int:
+        """The candidate the calls between the others' run (spread): the fastest agreed
+        so far, the incumbent (``names[0]``) until another is measured faster."""
+        known = [i for i, t in enumerate(self.agreed) if t and i not in self.dropped]
+        return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
+
+    def _left(self, lead: int) -> list[int]:
+        return [i for i in range(len(self.names)) if i != lead and not self._done(i)]
 
     def _done(self, i: int) -> bool:
         return i in self.dropped or self.runs[i] >= 1 + self.timed
 
     def ran(self, i: int, ctx: Context, timeout: float) -> None:
-        """Count a spread trial's call of candidate ``i``; after another candidate's,
-        or the incumbent's first timed one, agree on its time and the incumbent's
-        (one collective) and space the next."""
+        """Count a spread trial's call of candidate ``i``; after another candidate's
+        than the lead's, or the incumbent's first timed one, agree on its median and
+        the lead's (one collective), and space the next."""
+        lead = self.lead
         self.runs[i] += 1
-        if i == 0:
+        if i == lead:
             self.gap -= 1
-            if self.runs[0] != 2 or any(self.runs[1:]):
+            if i or self.runs[0] != 2 or any(self.runs[1:]):
                 return
-        mine = np.array([float(np.median(self.times[0])) if self.times[0] else 0.0,
-                         self.times[i][-1] if self.times[i] else 0.0])  # fmt: skip
+        mine = np.array([float(np.median(self.times[lead])) if self.times[lead] else 0.0,
+                         float(np.median(self.times[i])) if self.times[i] else 0.0])  # fmt: skip
         agreed = np.empty_like(mine)
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
-        self.agreed[0] = float(agreed[0])
-        if i and self.times[i]:  # a timed call: its time, and whether to try it again
+        self.agreed[lead] = float(agreed[0])
+        if i != lead and self.times[i]:  # a timed call: its median, and whether to go on
             self.agreed[i] = float(agreed[1])
-            if self.agreed[0] and self.agreed[i] > DROP * self.agreed[0]:
+            if self.agreed[lead] and self.agreed[i] > DROP * self.agreed[lead]:
                 self.dropped.add(i)
-        left = [j for j in range(1, len(self.names)) if not self._done(j)]
+        lead = self.lead  # (a candidate faster than the lead leads from now on)
+        left = self._left(lead)
         if left:
-            self.gap = self._spacing(min(left, key=lambda j: (self.runs[j], j)))
+            self.gap = self._spacing(lead, min(left, key=lambda j: (self.runs[j], j)))
 
-    def _spacing(self, j: int) -> int:
-        """The incumbent's calls before candidate ``j``'s next: as many as make what it
+    def _spacing(self, lead: int, j: int) -> int:
+        """The lead's calls before candidate ``j``'s next: as many as make what it
         costs beyond them TRIAL_BUDGET of theirs."""
-        inc = self.agreed[0]
+        inc = self.agreed[lead]
         if not inc:
             return GAP_MOST
         beyond = self.agreed[j] - inc if self.agreed[j] else inc
@@ -198,12 +213,11 @@ class _Trials:
 
     @property
     def finished(self) -> bool:
-        """Whether every candidate has had its calls (spread: the incumbent its timed
-        ones too)."""
+        """Whether every candidate has had its calls (spread: the lead its timed ones
+        too)."""
         if not self.spread:
             return self.calls == self.total
-        return self.runs[0] >= 1 + self.timed and all(
-            self._done(i) for i in range(1, len(self.names)))  # fmt: skip
+        return all(self._done(i) for i in range(len(self.names)))
 
     def copies(self, key: tuple, work: np.ndarray, source: np.ndarray | None) -> tuple:
         """(out, source) for a timed trial: copies of this rank's data, made once per

@@ -135,8 +135,8 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
 def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, comm):
     """From tuner.SPREAD_FROM no lease: the model's best (dawdle) runs the first calls,
     the others' calls come between its calls, spaced by their cost beyond it, and once
-    one is measured faster, the calls between run that one; every call exact, one
-    winner on every rank, and not the slow favourite."""
+    one has made its timed calls faster, the calls between run that one; every call
+    exact, one winner on every rank, and not the slow favourite."""
     settings(tuner="memory")
     count = tuner.SPREAD_FROM // 4
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
@@ -164,10 +164,15 @@ def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, 
     assert first >= 2 + min(tuner.GAP_MOST, gap) // 2  # (agreed on a median of one call)
     for name in set(ran) - {"dawdle"}:  # its first call untimed
         assert not next(x for x in t.trials if x.algorithm == name).timed
-    # then one 3 ms faster leads: dawdle runs at most the rest of its timed calls
-    after = ran[measured + 1 :]
+    # then the first to make all its timed calls, 3 ms faster, leads: dawdle runs at
+    # most the rest of its own
+    made = 1 + tuner.timed_calls(tuner.SPREAD_FROM)
+    done = min(next(i for i, n in enumerate(itertools.accumulate(r == name for r in ran))
+                    if n == made) for name in set(ran) - {"dawdle"}
+               if ran.count(name) >= made)  # fmt: skip
+    after = ran[done + 1 :]
     assert after.count("dawdle") <= 1 + tuner.timed_calls(tuner.SPREAD_FROM)
-    assert after and collections.Counter(after).most_common(1)[0][0] != "dawdle"
+    assert not after or collections.Counter(after).most_common(1)[0][0] != "dawdle"
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")

@@ -104,6 +104,24 @@ def test_the_tuner_tries_the_best_of_each_kind():
     assert tried(*ranked) == ["shared_memory", "ring"]
 
 
+def test_the_spread_trials_run_the_lead_between_the_others():
+    from ringmpi.algorithms import tuner
+
+    t = tuner._Trials(["incumbent", "fast", "slow"], 2, spread=True)
+    t.runs, t.agreed, t.gap = [2, 2, 1], [0.010, 0.005, 0.0], 3
+    assert t.lead == 0 and t.next() == 0  # fast has made one of its two timed calls
+    t.runs[1] = 3  # all its timed calls made, its agreed median the fastest: it leads
+    assert t.lead == 1 and t.next() == 1
+    t.gap = 0  # then the others' trials, the incumbent among them once it no longer leads
+    assert t.next() == 2
+    t.runs[2], t.agreed[2] = 3, 0.004
+    assert t.lead == 2 and t.next() == 0
+    t.dropped.add(2)
+    assert t.lead == 1
+    t.runs[0] = 3
+    assert t.finished
+
+
 def _measured(costs, p, nodes, per_node):
     return [
         {"algorithm": a, "bytes": n, "seconds": algorithms.predict(costs, a, n, p, nodes, per_node)}

@@ -106,7 +106,8 @@ SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
 # From this size a class's trials start at its first call, with the model's best
 # candidate (the incumbent), and the others' calls come between the lead's (the
-# incumbent's, until a candidate's agreed median is faster: then that one's),
+# incumbent's, until a candidate that made all its timed calls has a faster agreed
+# median: then that one's),
 # spread so that what they cost beyond it stays near TRIAL_BUDGET of the time the
 # lead's calls take: each after as many of the lead's calls as its cost beyond
 # them needs (at least one, GAP_MOST at most). That cost is its agreed median
@@ -164,9 +165,11 @@ class _Trials:
 
     @property
     def lead(self) -> int:
-        """The candidate the calls between the others' run (spread): the fastest agreed
-        so far, the incumbent (``names[0]``) until another is measured faster."""
-        known = [i for i, t in enumerate(self.agreed) if t and i not in self.dropped]
+        """The candidate the calls between the others' run (spread): the incumbent
+        (``names[0]``) until another, all its timed calls made, has a faster agreed
+        median (a median of fewer calls is as likely noise as speed)."""
+        known = [i for i, t in enumerate(self.agreed)
+                 if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
     def _left(self, lead: int) -> list[int]:

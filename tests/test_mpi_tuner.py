@@ -167,9 +167,8 @@ def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, 
     # then the first to make all its timed calls, 3 ms faster, leads: dawdle runs at
     # most the rest of its own
     made = 1 + tuner.timed_calls(tuner.SPREAD_FROM)
-    done = min(next(i for i, n in enumerate(itertools.accumulate(r == name for r in ran))
-                    if n == made) for name in set(ran) - {"dawdle"}
-               if ran.count(name) >= made)  # fmt: skip
+    done = next(i for i, name in enumerate(ran)
+                if name != "dawdle" and ran[: i + 1].count(name) == made)  # fmt: skip
     after = ran[done + 1 :]
     assert after.count("dawdle") <= 1 + tuner.timed_calls(tuner.SPREAD_FROM)
     assert not after or collections.Counter(after).most_common(1)[0][0] != "dawdle"

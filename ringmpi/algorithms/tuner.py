@@ -160,8 +160,8 @@ class _Trials:
         lead = self.lead
         if self.runs[0] < 2 or self.gap > 0:
             return lead
-        left = self._left(lead)
-        return min(left, key=lambda i: (self.runs[i], i)) if left else lead
+        due = self._due(lead)
+        return lead if due is None else due
 
     @property
     def lead(self) -> int:
@@ -172,8 +172,10 @@ class _Trials:
                  if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
-    def _left(self, lead: int) -> list[int]:
-        return [i for i in range(len(self.names)) if i != lead and not self._done(i)]
+    def _due(self, lead: int) -> int | None:
+        """The candidate whose trial comes next (the fewest calls made), or None."""
+        left = [i for i in range(len(self.names)) if i != lead and not self._done(i)]
+        return min(left, key=lambda i: (self.runs[i], i)) if left else None
 
     def _done(self, i: int) -> bool:
         return i in self.dropped or self.runs[i] >= 1 + self.timed
@@ -199,9 +201,9 @@ class _Trials:
             if self.agreed[lead] and self.agreed[i] > DROP * self.agreed[lead]:
                 self.dropped.add(i)
         lead = self.lead  # (a candidate faster than the lead leads from now on)
-        left = self._left(lead)
-        if left:
-            self.gap = self._spacing(lead, min(left, key=lambda j: (self.runs[j], j)))
+        due = self._due(lead)
+        if due is not None:
+            self.gap = self._spacing(lead, due)
 
     def _spacing(self, lead: int, j: int) -> int:
         """The lead's calls before candidate ``j``'s next: as many as make what it
@@ -216,8 +218,7 @@ class _Trials:
 
     @property
     def finished(self) -> bool:
-        """Whether every candidate has had its calls (spread: the lead its timed ones
-        too)."""
+        """Whether every candidate has had its calls."""
         if not self.spread:
             return self.calls == self.total
         return all(self._done(i) for i in range(len(self.names)))

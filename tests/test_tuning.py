@@ -122,6 +122,31 @@ def test_the_spread_trials_run_the_lead_between_the_others():
     assert t.finished
 
 
+def test_the_spread_trials_spend_ahead_then_keep_within_the_budget():
+    from ringmpi.algorithms import tuner
+
+    t = tuner._Trials(["incumbent", "a", "b"], 5, spread=True)
+    t.runs, t.calls, t.agreed = [2, 0, 0], 2, [0.004, 0.0, 0.0]
+    per_call = tuner.TRIAL_BUDGET * 0.004  # what the budget grants a call of the lead
+    ahead = tuner.BUDGET_AHEAD
+    # nothing known of a: the lead's time again and ONE_TIME_S beyond it, from the
+    # budget of the 2 calls made and BUDGET_AHEAD more
+    assert t._spacing(0, 1) == max(1, math.ceil((0.004 + tuner.ONE_TIME_S) / per_call
+                                                - ahead - 2))  # fmt: skip
+    t.spent = 0.004  # what the others' calls took beyond the lead's so far
+    assert t._spacing(0, 1) == math.ceil((0.008 + tuner.ONE_TIME_S) / per_call - ahead - 2) > 1
+    t.runs[1], t.first[1] = 1, 0.010  # its first call: at most what one costs
+    assert t._spacing(0, 1) == math.ceil((0.004 + 0.006) / per_call - ahead - 2) == 3
+    t.agreed[1] = 0.0045  # measured slower than the lead, within the budget: one between
+    assert t._spacing(0, 1) == 1
+    t.agreed[1] = 0.003  # measured faster than the lead: its calls one after another
+    assert t._spacing(0, 1) == 0
+    t.spent = 1.0  # far over: at most GAP_MOST of the lead's calls between
+    assert t._spacing(0, 2) == tuner.GAP_MOST
+    t.agreed[0] = 0.0  # the lead's time not yet agreed
+    assert t._spacing(0, 2) == tuner.GAP_MOST
+
+
 def _measured(costs, p, nodes, per_node):
     return [
         {"algorithm": a, "bytes": n, "seconds": algorithms.predict(costs, a, n, p, nodes, per_node)}

@@ -58,9 +58,10 @@ from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
-__all__ = ["DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
-           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "counted",
-           "lease_calls", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
+__all__ = ["BUDGET_AHEAD", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S",
+           "SECOND_ROUND_MARGIN", "SHORTLIST", "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease",
+           "Trial", "cache_file", "counted", "lease_calls", "most_trial_calls", "timed_calls",
+           "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -107,18 +108,22 @@ _VERSION = 1  # of the cache file's layout
 # From this size a class's trials start at its first call, with the model's best
 # candidate (the incumbent), and the others' calls come between the lead's (the
 # incumbent's, until a candidate that made all its timed calls has a faster agreed
-# median: then that one's),
-# spread so that what they cost beyond it stays near TRIAL_BUDGET of the time the
-# lead's calls take: each after as many of the lead's calls as its cost beyond
-# them needs (at least one, GAP_MOST at most). That cost is its agreed median
-# where measured, else the lead's time again, and ONE_TIME_S more for its first
-# call (a window, its compiled code loaded: 3-6 ms at 2 ranks on a 2-core host).
-# A candidate whose median took DROP times the lead's is tried no more. A call
-# takes a millisecond or more there, so that the collective that agrees on a
-# trial's time costs little beside it. Below, the lease and round-robin
-# trials: a candidate's first call costs as much as many calls.
+# median: then that one's). What the others' calls cost beyond the lead's median
+# (agreed, summed) stays within TRIAL_BUDGET of the lead's time over the class's
+# calls so far and BUDGET_AHEAD more: the first trials come at once, where a
+# candidate faster than the model thinks pays most, and each later one after as
+# many of the lead's calls as keep the sum in bounds (at least one, GAP_MOST at
+# most). A candidate's cost beyond the lead, before its call: its agreed median
+# where measured, else its first call's time (one-time costs included: at most what
+# a call costs), else the lead's time again and ONE_TIME_S more (a window, its
+# compiled code loaded: 3-6 ms at 2 ranks on a 2-core host). A candidate whose
+# median took DROP times the lead's is tried no more. A call takes a millisecond
+# or more there, so that the collective that agrees on a trial's time costs little
+# beside it. Below, the lease and round-robin trials: a candidate's first call
+# costs as much as many calls.
 SPREAD_FROM = 4 << 20
 TRIAL_BUDGET = 0.1
+BUDGET_AHEAD = 20
 GAP_MOST = 64
 DROP = 1.5
 ONE_TIME_S = 5e-3
@@ -142,6 +147,8 @@ class _Trials:
     spread: bool = False
     runs: list[int] = field(default_factory=list)  # calls made, per candidate
     agreed: list[float] = field(default_factory=list)  # seconds a call, agreed (0: not yet)
+    first: list[float] = field(default_factory=list)  # seconds its first call took, agreed
+    spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
     dropped: set[int] = field(default_factory=set)
     gap: int = 0  # the incumbent's calls before the next other candidate's
 
@@ -152,6 +159,7 @@ class _Trials:
         self.charged = self.charged or [0.0 for _ in self.names]
         self.runs = self.runs or [0 for _ in self.names]
         self.agreed = self.agreed or [0.0 for _ in self.names]
+        self.first = self.first or [0.0 for _ in self.names]
 
     def next(self) -> int:
         """The candidate this call runs (an index of ``names``)."""
@@ -180,22 +188,26 @@ class _Trials:
     def _done(self, i: int) -> bool:
         return i in self.dropped or self.runs[i] >= 1 + self.timed
 
-    def ran(self, i: int, ctx: Context, timeout: float) -> None:
-        """Count a spread trial's call of candidate ``i``; after another candidate's
-        than the lead's, or the incumbent's first timed one, agree on its median and
-        the lead's (one collective), and space the next."""
+    def ran(self, i: int, took: float, ctx: Context, timeout: float) -> None:
+        """Count a spread trial's call of candidate ``i`` (``took`` seconds here); after
+        another candidate's than the lead's, or the incumbent's first timed one, agree
+        on its time, its median and the lead's (one collective), and space the next."""
         lead = self.lead
         self.runs[i] += 1
         if i == lead:
             self.gap -= 1
             if i or self.runs[0] != 2 or any(self.runs[1:]):
                 return
-        mine = np.array([float(np.median(self.times[lead])) if self.times[lead] else 0.0,
-                         float(np.median(self.times[i])) if self.times[i] else 0.0])  # fmt: skip
+        median = [float(np.median(t)) if t else 0.0 for t in (self.times[lead], self.times[i])]
+        mine = np.array([*median, took])
         agreed = np.empty_like(mine)
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
         self.agreed[lead] = float(agreed[0])
+        if i != lead:
+            if self.runs[i] == 1:
+                self.first[i] = float(agreed[2])
+            self.spent += max(0.0, float(agreed[2]) - self.agreed[lead])
         if i != lead and self.times[i]:  # a timed call: its median, and whether to go on
             self.agreed[i] = float(agreed[1])
             if self.agreed[lead] and self.agreed[i] > DROP * self.agreed[lead]:
@@ -206,15 +218,20 @@ class _Trials:
             self.gap = self._spacing(lead, due)
 
     def _spacing(self, lead: int, j: int) -> int:
-        """The lead's calls before candidate ``j``'s next: as many as make what it
-        costs beyond them TRIAL_BUDGET of theirs."""
+        """The lead's calls before candidate ``j``'s next: as many as keep what the
+        others' calls cost beyond the lead's within TRIAL_BUDGET of its time over
+        the calls made and BUDGET_AHEAD more; none before one that costs less."""
         inc = self.agreed[lead]
         if not inc:
             return GAP_MOST
-        beyond = self.agreed[j] - inc if self.agreed[j] else inc
-        if self.runs[j] == 0:
-            beyond += ONE_TIME_S
-        return min(GAP_MOST, max(1, math.ceil(beyond / (TRIAL_BUDGET * inc))))
+        if self.agreed[j]:
+            beyond = self.agreed[j] - inc
+        elif self.first[j]:
+            beyond = self.first[j] - inc
+        else:
+            beyond = inc + ONE_TIME_S
+        calls = (self.spent + beyond) / (TRIAL_BUDGET * inc) - BUDGET_AHEAD - self.calls
+        return min(GAP_MOST, max(0 if beyond < 0 else 1, math.ceil(calls)))
 
     @property
     def finished(self) -> bool:
@@ -291,7 +308,7 @@ class Trial:
         _trace.record_trial(_size_class(self.klass), self.name, took, timed)
         trials.calls += 1
         if trials.spread:
-            trials.ran(i, ctx, timeout)
+            trials.ran(i, took, ctx, timeout)
         if trials.finished:
             self.tuner.settle(self.klass, trials, ctx, timeout)
 

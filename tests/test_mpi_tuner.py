@@ -131,6 +131,58 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_a_class_starts_on_the_winner_of_a_class_near_it(settings, comm):
+    """Once a class has settled, a class within tuner.NEAR of it starts on its winner
+    (where that is one of its candidates), not on the model's best (dawdle); the
+    winner is the same on every rank, and so is the new class's first call."""
+    settings(tuner="memory")
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, 2 * COUNT)  # the class above
+    got = np.empty_like(x)
+    with ringmpi.trace() as t:
+        for _ in range(tuner.most_trial_calls(2 * NBYTES) + 1):
+            if t.tuned:
+                break
+            ringmpi.Allreduce(x, got, MPI.SUM, comm)
+    assert verify.count_wrong(got, MPI.SUM, comm.size) == 0
+    (settled,) = t.tuned
+    assert settled.size_class == KLASS + 1 and settled.algorithm != "dawdle"
+    first = algorithms.choose("auto", NBYTES, context(comm), None)
+    names = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying[KLASS].names
+    assert names[0] == first.name == (settled.algorithm if settled.algorithm in names
+                                      else "dawdle")  # fmt: skip
+    assert set(names) >= {"dawdle", "mpi"}
+    assert len(set(comm.allgather(first.name))) == 1
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+def test_a_nonblocking_call_runs_the_spread_trials_lead(settings, comm):
+    """While a class from tuner.SPREAD_FROM is tried, a nonblocking call of it runs
+    the trials' lead (the candidate the blocking calls follow), not the model's best
+    (dawdle) once another leads: the ringmpi call where it is ringmpi's, exact."""
+    from ringmpi import _progress
+
+    settings(tuner="memory")
+    count = tuner.SPREAD_FROM // 4
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
+    got, late = np.empty_like(x), np.empty_like(x)
+    klass = tuner.SPREAD_FROM.bit_length()
+    ran = []
+    for _ in range(tuner.most_trial_calls(tuner.SPREAD_FROM)):
+        ringmpi.Allreduce(x, got, MPI.SUM, comm)
+        trials = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying.get(klass)
+        if trials is None or trials.lead != 0:  # settled, or another leads
+            break
+    assert trials is not None, "the class settled without another candidate leading"
+    with ringmpi.trace() as t:
+        ringmpi.Iallreduce(x, late, MPI.SUM, comm).Wait()
+    ran = t.ran
+    assert verify.count_wrong(late, MPI.SUM, comm.size) == 0
+    own = _progress.mode(context(comm)) != "library"
+    assert ran == [trials.names[trials.lead] if own else "mpi"] and ran != ["dawdle"]
+    assert len(set(comm.allgather(ran[0]))) == 1
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
 def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, comm):
     """From tuner.SPREAD_FROM no lease: the model's best (dawdle) runs the first calls,
     the others' calls come between its calls, spaced by their cost beyond it, and once

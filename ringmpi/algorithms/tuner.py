@@ -4,8 +4,9 @@ and every call after them runs the winner.
 Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
 library's own MPI_Allreduce costs on this machine, nor how far the model is off
 here. So for each size class (the powers of two: a call of n bytes is in class
-``n.bit_length()``), once its lease is over (below: its first calls run the cost
-model's best), the next calls are trials: the model's best algorithm, the best of the
+``n.bit_length()``), once its lease is over (below: its first calls run its
+incumbent, the model's best or the winner of a class settled near it), the next
+calls are trials: the model's best algorithm, the best of the
 other kind (messages or the node's shared memory:
 :func:`ringmpi.algorithms.shortlist_of`) and the library's MPI_Allreduce (where it
 gives ringmpi's answer: :func:`ringmpi.algorithms.library_agrees`; the others are
@@ -58,7 +59,7 @@ from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
-__all__ = ["BUDGET_AHEAD", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "ONE_TIME_S",
+__all__ = ["BUDGET_AHEAD", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "NEAR", "ONE_TIME_S",
            "SECOND_ROUND_MARGIN", "SHORTLIST", "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease",
            "Trial", "cache_file", "counted", "lease_calls", "most_trial_calls", "timed_calls",
            "tuner"]  # fmt: skip
@@ -94,6 +95,16 @@ def _size_class(key: Key) -> int:
     return key if isinstance(key, int) else int(key.rsplit(":", 1)[1])
 
 
+def _collective(key: Key) -> str:
+    return "allreduce" if isinstance(key, int) else key.rsplit(":", 1)[0]
+
+
+# A class's first calls run the winner of a class settled at most this many classes
+# (powers of two) from it, where that is one of its candidates: the evidence of this
+# host, nearer than the model's.
+NEAR = 2
+
+
 SHORTLIST = 2  # how many of the model's best own algorithms are tried
 # The library's call stays unless one of ringmpi's own is at least this much faster
 # in the trials: medians of a few calls differ by as much from run to run at large
@@ -105,20 +116,21 @@ LIBRARY_MARGIN = 0.05
 # slower than the library's call costs every call after.
 SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
-# From this size a class's trials start at its first call, with the model's best
-# candidate (the incumbent), and the others' calls come between the lead's (the
-# incumbent's, until a candidate that made all its timed calls has a faster agreed
-# median: then that one's). What the others' calls cost beyond the lead's median
-# (agreed, summed) stays within TRIAL_BUDGET of the lead's time over the class's
-# calls so far and BUDGET_AHEAD more: the first trials come at once, where a
-# candidate faster than the model thinks pays most, and each later one after as
-# many of the lead's calls as keep the sum in bounds (at least one, GAP_MOST at
-# most). A candidate's cost beyond the lead, before its call: its agreed median
-# where measured, else its first call's time (one-time costs included: at most what
-# a call costs), else the lead's time again and ONE_TIME_S more (a window, its
+# From this size a class's trials start at its first call, with the incumbent (the
+# model's best, or a near class's winner: Tuner._ordered), and the others' calls
+# come between the lead's (the incumbent's, until a candidate that made all its
+# timed calls has a faster agreed median: then that one's). What the others' calls
+# cost beyond the lead's median (agreed, summed) stays within TRIAL_BUDGET of the
+# lead's time over the class's calls so far and BUDGET_AHEAD more: the first trials
+# come at once, where a candidate faster than the model thinks pays most, and each
+# later one after as many of the lead's calls as keep the sum in bounds (at least
+# one, GAP_MOST at most; none before a candidate that costs less than the lead).
+# A candidate's cost beyond the lead, before its call: its agreed median where
+# measured, else its first call's time (one-time costs included: at most what a
+# call costs), else the lead's time again and ONE_TIME_S more (a window, its
 # compiled code loaded: 3-6 ms at 2 ranks on a 2-core host). A candidate whose
-# median took DROP times the lead's is tried no more. A call takes a millisecond
-# or more there, so that the collective that agrees on a trial's time costs little
+# median took DROP times the lead's is tried no more. A call takes a millisecond or
+# more there, so that the collective that agrees on a trial's time costs little
 # beside it. Below, the lease and round-robin trials: a candidate's first call
 # costs as much as many calls.
 SPREAD_FROM = 4 << 20
@@ -346,6 +358,7 @@ class Tuner:
         self.busy: set[Key] = set()  # classes settled on a busy node: not in the file
         self.left: dict[Key, np.ndarray] = {}  # per class in its lease: calls left (a cell)
         self.leased: dict[tuple, tuple[Call, Call]] = {}  # the incumbents: counted, plain
+        self.order: dict[Key, list] = {}  # per class: its candidates, the incumbent first
 
     def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
                collective: str = "allreduce"):  # fmt: skip
@@ -362,19 +375,39 @@ class Tuner:
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
         job = bool(_progress.in_job[0])  # a nonblocking call's: never a trial, nor counted
+        shortlist = self._ordered(key, shortlist)
         if trials is None and collective == "allreduce":
             left = self.left.get(key)
             if left is None:
                 left = self.left[key] = np.array([lease_calls(nbytes, self.settings)], np.int64)
             if left[0] > 0:
                 return Lease(self, shortlist[0], left, counts=not job)
-        if job:
-            return Lease(self, shortlist[0], None, counts=False)
+        if job:  # the incumbent, or the spread trials' lead (agreed: alike on every rank)
+            lead = shortlist[0]
+            if trials is not None and trials.spread:
+                lead = get(trials.names[trials.lead], collective)
+            return Lease(self, lead, None, counts=False)
         if trials is None:
             trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
+
+    def _ordered(self, key: Key, shortlist: list) -> list:
+        """The class's candidates, its incumbent first: the winner of the nearest class
+        settled within NEAR classes of it (of its collective, and like it with the
+        library's call among the candidates or not; the smaller on a tie) where that
+        is one of them, else the model's best. Decided at the class's first call."""
+        found = self.order.get(key)
+        if found is None:
+            klass, kind = _size_class(key), _collective(key)
+            near = sorted((abs(_size_class(k) - klass), _size_class(k), name)
+                          for k, name in self.known.items()
+                          if _collective(k) == kind and (_size_class(k) > 0) == (klass > 0)
+                          and 0 < abs(_size_class(k) - klass) <= NEAR)  # fmt: skip
+            winner = next((name for *_, name in near if name in [a.name for a in shortlist]), None)
+            found = self.order[key] = sorted(shortlist, key=lambda a: a.name != winner)
+        return found
 
     def settle(self, klass: Key, trials: _Trials, ctx: Context, timeout: float) -> None:
         """Agree on the trials' timings (one collective) and keep the winner; or, where
@@ -521,14 +554,14 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
 
 
-# --- the lease: an untuned class's first calls run the model's best --------------
+# --- the lease: an untuned class's first calls run its incumbent -----------------
 #
 # The trials cost more than the calls they replace: each candidate's first call (its
 # compiled call loaded, its window made), and per trial call its own Python and a
 # copy of the data. A program that makes few calls of a size never earns that back.
-# So below SPREAD_FROM an untuned class first runs the cost model's best candidate
-# (the incumbent, as the spread trials start with), counted from compiled code, for
-# as many calls as cost, at the library's estimated speed, what the trials will cost
+# So below SPREAD_FROM an untuned class first runs its incumbent (the model's best,
+# or a near class's winner, as the spread trials start with), counted from compiled
+# code, for as many calls as cost, at the library's estimated speed, what the trials will cost
 # beyond them: the rent-or-buy rule, whose total is at most twice that of the better
 # of never tuning and tuning at once, whichever the program turns out to need. A
 # function of the size alone, so that every rank counts the same calls and moves on
@@ -542,7 +575,7 @@ _LIBRARY_CALL_S, _LIBRARY_BYTE_S = 10e-6, 0.4e-9
 
 
 def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
-    """How many of an untuned class's first calls of ``nbytes`` run the model's best
+    """How many of an untuned class's first calls of ``nbytes`` run its incumbent
     before its trials: the ``lease`` setting, or (auto) as many as cost what the
     trials will cost beyond them; none from SPREAD_FROM."""
     if settings.lease is not None:
@@ -557,7 +590,7 @@ def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
 
 class Lease:
     """What :func:`ringmpi.algorithms.choose` returns for a call of an untuned class
-    that runs the incumbent (``record``, the model's best). In the class's lease
+    that runs the incumbent (``record``: :meth:`Tuner._ordered`'s first). In the class's lease
     (``left``, its int64 cell of calls left) the call is made ready counted
     (:func:`counted`: its repeats count the cell down from compiled code), and
     ``run`` counts itself off where ``counts``; a nonblocking call's job runs it

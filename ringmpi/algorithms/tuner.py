@@ -159,10 +159,10 @@ class _Trials:
     spread: bool = False
     runs: list[int] = field(default_factory=list)  # calls made, per candidate
     agreed: list[float] = field(default_factory=list)  # seconds a call, agreed (0: not yet)
-    first: list[float] = field(default_factory=list)  # seconds its first call took, agreed
+    first: list[float] = field(default_factory=list)  # its first call's seconds, agreed
     spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
     dropped: set[int] = field(default_factory=set)
-    gap: int = 0  # the incumbent's calls before the next other candidate's
+    gap: int = 0  # the lead's calls before the next other candidate's
 
     def __post_init__(self) -> None:
         if self.spread and not self.runs:  # the incumbent's first two calls, then agreed
@@ -561,12 +561,12 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
 # copy of the data. A program that makes few calls of a size never earns that back.
 # So below SPREAD_FROM an untuned class first runs its incumbent (the model's best,
 # or a near class's winner, as the spread trials start with), counted from compiled
-# code, for as many calls as cost, at the library's estimated speed, what the trials will cost
-# beyond them: the rent-or-buy rule, whose total is at most twice that of the better
-# of never tuning and tuning at once, whichever the program turns out to need. A
-# function of the size alone, so that every rank counts the same calls and moves on
-# at the same one. From SPREAD_FROM no lease: the trials start with the incumbent
-# and cost little beyond it.
+# code, for as many calls as cost, at the library's estimated speed, what the trials
+# will cost beyond them: the rent-or-buy rule, whose total is at most twice that of
+# the better of never tuning and tuning at once, whichever the program turns out to
+# need. A function of the size alone, so that every rank counts the same calls and
+# moves on at the same one. From SPREAD_FROM no lease: the trials start with the
+# incumbent and cost little beyond it.
 # What the tuner's work costs, measured at 2 ranks on a 2-core host (examples/
 # first_calls.py): the first calls' setup, and a trial call's own Python and copy.
 _SETUP_S, _TRIAL_S = 6e-3, 100e-6

@@ -67,8 +67,11 @@ __all__ = ["Completion", "Job", "Prepared", "Progress", "Request", "completed", 
 # repeat does not first carry out, or wait for, the calls queued before it.
 pending: list[Job] = []
 # How many jobs are being carried out now, on any thread (one item): a call a job
-# makes runs no trial of auto's tuner (ringmpi.algorithms.tuner), whose Python,
-# copies and agreeing collective cost more than the call a program overlaps.
+# makes below 4 MiB runs no trial of auto's tuner (ringmpi.algorithms.tuner), whose
+# Python, copies and agreeing collective cost more than the call a program
+# overlaps; from 4 MiB (tuner.SPREAD_FROM) it takes its turn in the class's trials
+# as a blocking call does (its calls, in call order on every rank, are no
+# remembered call's steps: a class being tried remembers none).
 in_job = [0]
 
 # How long the progress thread polls for the next call before it sleeps, and a Wait

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 import ringmpi
 from ringmpi import _builtins, _comm, _direct, _repeat
+from ringmpi.algorithms import tuner
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -191,9 +192,10 @@ def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settin
 
 
 def test_a_nonblocking_half_of_an_untuned_class_runs_the_incumbent(settings, comm):
-    """A nonblocking reduce-scatter's job runs no trial: the model's best, to the bit."""
+    """A nonblocking reduce-scatter's job below tuner.SPREAD_FROM runs no trial: the
+    model's best, to the bit."""
     settings(tuner="memory", lease=LEASE, progress="thread")
-    per = 1 << 19  # 2 MiB a rank: ringmpi's own nonblocking call under every family
+    per = tuner.SPREAD_FROM // 8 // comm.size  # int32: half of SPREAD_FROM in all
     mine, exact = _inputs(comm, per * comm.size)
     out = np.empty(per, np.int32)
     problems = []

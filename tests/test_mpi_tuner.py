@@ -155,31 +155,32 @@ def test_a_class_starts_on_the_winner_of_a_class_near_it(settings, comm):
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
-def test_a_nonblocking_call_runs_the_spread_trials_lead(settings, comm):
-    """While a class from tuner.SPREAD_FROM is tried, a nonblocking call of it runs
-    the trials' lead (the candidate the blocking calls follow), not the model's best
-    (dawdle) once another leads: the ringmpi call where it is ringmpi's, exact."""
+def test_nonblocking_calls_alone_tune_a_class_from_spread_from(settings, comm):
+    """From tuner.SPREAD_FROM a nonblocking call's job takes its turn in the class's
+    trials as a blocking call does: a program of Iallreduce calls alone settles the
+    class, on the same winner on every rank, not the slow favourite (dawdle); every
+    call exact. Where the requests are the library's, no trial."""
     from ringmpi import _progress
 
     settings(tuner="memory")
     count = tuner.SPREAD_FROM // 4
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
-    got, late = np.empty_like(x), np.empty_like(x)
-    klass = tuner.SPREAD_FROM.bit_length()
-    ran = []
-    for _ in range(tuner.most_trial_calls(tuner.SPREAD_FROM)):
-        ringmpi.Allreduce(x, got, MPI.SUM, comm)
-        trials = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying.get(klass)
-        if trials is None or trials.lead != 0:  # settled, or another leads
-            break
-    assert trials is not None, "the class settled without another candidate leading"
+    got = np.empty_like(x)
+    wrong = 0
     with ringmpi.trace() as t:
-        ringmpi.Iallreduce(x, late, MPI.SUM, comm).Wait()
-    ran = t.ran
-    assert verify.count_wrong(late, MPI.SUM, comm.size) == 0
-    own = _progress.mode(context(comm)) != "library"
-    assert ran == [trials.names[trials.lead] if own else "mpi"] and ran != ["dawdle"]
-    assert len(set(comm.allgather(ran[0]))) == 1
+        for _ in range(tuner.most_trial_calls(tuner.SPREAD_FROM) + 1):
+            if t.tuned:
+                break
+            ringmpi.Iallreduce(x, got, MPI.SUM, comm).Wait()
+            wrong += verify.count_wrong(got, MPI.SUM, comm.size)
+    assert wrong == 0
+    if _progress.mode(context(comm)) == "library":  # the library's requests
+        assert t.trials == [] and set(t.ran) == {"mpi"}
+        return
+    (settled,) = t.tuned
+    assert settled.algorithm != "dawdle" and t.trials[0].algorithm == "dawdle"
+    assert len(set(comm.allgather(settled.algorithm))) == 1
+    assert comm.allgather([x.algorithm for x in t.trials])[0] == [x.algorithm for x in t.trials]
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")

@@ -374,7 +374,8 @@ class Tuner:
                 return get(name, collective)
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
-        job = bool(_progress.in_job[0])  # a nonblocking call's: never a trial, nor counted
+        # a nonblocking call's, below SPREAD_FROM: never a trial, nor counted
+        job = bool(_progress.in_job[0]) and nbytes < SPREAD_FROM
         shortlist = self._ordered(key, shortlist)
         if trials is None and collective == "allreduce":
             left = self.left.get(key)
@@ -382,11 +383,8 @@ class Tuner:
                 left = self.left[key] = np.array([lease_calls(nbytes, self.settings)], np.int64)
             if left[0] > 0:
                 return Lease(self, shortlist[0], left, counts=not job)
-        if job:  # the incumbent, or the spread trials' lead (agreed: alike on every rank)
-            lead = shortlist[0]
-            if trials is not None and trials.spread:
-                lead = get(trials.names[trials.lead], collective)
-            return Lease(self, lead, None, counts=False)
+        if job:
+            return Lease(self, shortlist[0], None, counts=False)
         if trials is None:
             trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
@@ -590,13 +588,14 @@ def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
 
 class Lease:
     """What :func:`ringmpi.algorithms.choose` returns for a call of an untuned class
-    that runs the incumbent (``record``: :meth:`Tuner._ordered`'s first). In the class's lease
-    (``left``, its int64 cell of calls left) the call is made ready counted
-    (:func:`counted`: its repeats count the cell down from compiled code), and
-    ``run`` counts itself off where ``counts``; a nonblocking call's job runs it
+    that runs the incumbent (``record``: :meth:`Tuner._ordered`'s first). In the
+    class's lease (``left``, its int64 cell of calls left) the call is made ready
+    counted (:func:`counted`: its repeats count the cell down from compiled code),
+    and ``run`` counts itself off where ``counts``; a nonblocking call's job runs it
     uncounted (what a job runs may differ from rank to rank: the step of a call
-    remembered, or the call). With ``left`` None (a job's call once the lease is
-    over: a job runs no trial) it is not to be remembered for repeats."""
+    remembered, or the call). With ``left`` None (a job's call below SPREAD_FROM
+    once the lease is over: such a job runs no trial) it is not to be remembered
+    for repeats."""
 
     def __init__(self, tuner: Tuner, record, left: np.ndarray | None, counts: bool) -> None:
         self.tuner, self.record, self.left, self.counts = tuner, record, left, counts

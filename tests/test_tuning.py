@@ -135,7 +135,7 @@ def test_the_spread_trials_spend_ahead_then_keep_within_the_budget():
                                                 - ahead - 2))  # fmt: skip
     t.spent = 0.004  # what the others' calls took beyond the lead's so far
     assert t._spacing(0, 1) == math.ceil((0.008 + tuner.ONE_TIME_S) / per_call - ahead - 2) > 1
-    t.runs[1], t.first[1] = 1, 0.010  # its first call: at most what one costs
+    t.runs[1], t.agreed[1] = 1, 0.010  # its first call's time: at most what one costs
     assert t._spacing(0, 1) == math.ceil((0.004 + 0.006) / per_call - ahead - 2) == 3
     t.agreed[1] = 0.0045  # measured slower than the lead, within the budget: one between
     assert t._spacing(0, 1) == 1

@@ -158,8 +158,9 @@ class _Trials:
     # From SPREAD_FROM: the incumbent (names[0]) first, the others spread between its calls
     spread: bool = False
     runs: list[int] = field(default_factory=list)  # calls made, per candidate
-    agreed: list[float] = field(default_factory=list)  # seconds a call, agreed (0: not yet)
-    first: list[float] = field(default_factory=list)  # its first call's seconds, agreed
+    # seconds a call, agreed: the median of its timed calls, before them its first
+    # call's time (one-time costs included: at most what a call costs); 0: not yet
+    agreed: list[float] = field(default_factory=list)
     spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
     dropped: set[int] = field(default_factory=set)
     gap: int = 0  # the lead's calls before the next other candidate's
@@ -171,7 +172,6 @@ class _Trials:
         self.charged = self.charged or [0.0 for _ in self.names]
         self.runs = self.runs or [0 for _ in self.names]
         self.agreed = self.agreed or [0.0 for _ in self.names]
-        self.first = self.first or [0.0 for _ in self.names]
 
     def next(self) -> int:
         """The candidate this call runs (an index of ``names``)."""
@@ -216,13 +216,10 @@ class _Trials:
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
         self.agreed[lead] = float(agreed[0])
-        if i != lead:
-            if self.runs[i] == 1:
-                self.first[i] = float(agreed[2])
+        if i != lead:  # what it cost beyond the lead; its median once timed, and whether to go on
             self.spent += max(0.0, float(agreed[2]) - self.agreed[lead])
-        if i != lead and self.times[i]:  # a timed call: its median, and whether to go on
-            self.agreed[i] = float(agreed[1])
-            if self.agreed[lead] and self.agreed[i] > DROP * self.agreed[lead]:
+            self.agreed[i] = float(agreed[1] if self.times[i] else agreed[2])
+            if self.times[i] and self.agreed[i] > DROP * self.agreed[lead]:
                 self.dropped.add(i)
         lead = self.lead  # (a candidate faster than the lead leads from now on)
         due = self._due(lead)
@@ -236,12 +233,7 @@ class _Trials:
         inc = self.agreed[lead]
         if not inc:
             return GAP_MOST
-        if self.agreed[j]:
-            beyond = self.agreed[j] - inc
-        elif self.first[j]:
-            beyond = self.first[j] - inc
-        else:
-            beyond = inc + ONE_TIME_S
+        beyond = self.agreed[j] - inc if self.agreed[j] else inc + ONE_TIME_S
         calls = (self.spent + beyond) / (TRIAL_BUDGET * inc) - BUDGET_AHEAD - self.calls
         return min(GAP_MOST, max(0 if beyond < 0 else 1, math.ceil(calls)))
 
@@ -399,11 +391,12 @@ class Tuner:
         found = self.order.get(key)
         if found is None:
             klass, kind = _size_class(key), _collective(key)
-            near = sorted((abs(_size_class(k) - klass), _size_class(k), name)
-                          for k, name in self.known.items()
-                          if _collective(k) == kind and (_size_class(k) > 0) == (klass > 0)
-                          and 0 < abs(_size_class(k) - klass) <= NEAR)  # fmt: skip
-            winner = next((name for *_, name in near if name in [a.name for a in shortlist]), None)
+            candidates = {a.name for a in shortlist}
+            near = [(abs(c - klass), c, name) for c, name in
+                    ((_size_class(k), name) for k, name in self.known.items()
+                     if _collective(k) == kind and name in candidates)
+                    if (c > 0) == (klass > 0) and 0 < abs(c - klass) <= NEAR]  # fmt: skip
+            winner = min(near)[2] if near else None
             found = self.order[key] = sorted(shortlist, key=lambda a: a.name != winner)
         return found
 

@@ -328,6 +328,17 @@ def py_incref(typingctx, obj):
 
 
 @intrinsic
+def py_decref(typingctx, obj):
+    """Py_DecRef(obj)."""
+
+    def codegen(context, builder, sig, args):
+        builder.call(_declare(builder, "Py_DecRef", ir.VoidType(), [_I64]), [args[0]])
+        return context.get_dummy_value()
+
+    return types.none(types.int64), codegen
+
+
+@intrinsic
 def py_long(typingctx, value):
     """PyLong_FromLongLong(value): a new reference (an int), or 0 with the exception set."""
 

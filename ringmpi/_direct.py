@@ -57,15 +57,36 @@ from ._capi import (
     CELL_RAISE,
     call_fn,
     mpi_allreduce,
+    mpi_wait,
     peek,
     peek32,
     poke,
+    py_decref,
     py_incref,
     py_vectorcall,
 )
+from ._progress import (
+    _B_FNS,
+    _B_OFFSET,
+    _B_STACK,
+    _B_WIDE,
+    _HANDLE_OFFSET,
+    REQ_COUNT,
+    REQ_KEPT,
+    REQ_RAISE,
+    REQ_RBUF,
+    REQ_RECV,
+    REQ_RUN,
+    REQ_SBUF,
+    REQ_SELF,
+    REQ_SEND,
+    _grequest_end,
+    _pop_begin,
+)
 
-__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "counted", "entry",
-           "entry_point", "install", "method", "number", "run_cells", "slot", "warm"]  # fmt: skip
+__all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "completion",
+           "counted", "defer", "entry", "entry_point", "install", "method", "nonblocking",
+           "number", "run_cells", "slot", "take_deferred", "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -75,14 +96,19 @@ STALE = -1
 # call names none) is slot(a ^ c), by Fibonacci hashing (objects allocated in a row,
 # 96 bytes apart, reach every slot): an array reduced on two communicators in turn
 # keeps a call for each.
-(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, ERROR, SETTINGS_NOW, TRACES, PYTHON, OP_NAME,
- COMM_NAME, PENDING) = range(11)  # fmt: skip
-_HEADER = 11
+# The header ends with the nonblocking call started in C and not yet carried out (the
+# address of its request's cells, ringmpi._progress's layout; 0: none) and the C
+# function of a counted call (see counted).
+(IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, FAILS, ERROR, SETTINGS_NOW, TRACES, PYTHON, OP_NAME,
+ COMM_NAME, PENDING, DEFERRED, COUNTED) = range(13)  # fmt: skip
+_HEADER = 13
 # An entry: the objects, what the arrays must be, the address of the call's cells,
-# the callable that raises its errors, the settings snapshot.
+# the callable that raises its errors, the settings snapshot; whether a nonblocking
+# call on these objects may start in C (see nonblocking), and the tuple that keeps
+# what the entry's addresses name.
 (RECV, SEND, OP_OBJ, COMM_OBJ, DESCR, SEND_DESCR, NDIM, SEND_NDIM, CELLS_AT, FAILED,
- SETTINGS) = range(11)  # fmt: skip
-_WIDTH = 11
+ SETTINGS, DEFER, KEPT_OBJ) = range(13)  # fmt: skip
+_WIDTH = 13
 # What the lookup returns when no remembered call matches (not an object's address).
 _MISS = -1
 # A method's cells (see method): the table, and the method's Python function.
@@ -108,7 +134,7 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
         _state["entry"] = python
         return python
     holder = _builtins.holder(_HEADER + _WIDTH * _SLOTS, python, ERROR, PYTHON)
-    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, RAISE, SETTINGS_NOW, TRACES, PENDING]] = [
+    holder[[IN_PLACE_OBJ, SUM_OBJ, NONE_OBJ, FAILS, SETTINGS_NOW, TRACES, PENDING]] = [
         id(MPI.IN_PLACE),
         id(MPI.SUM),
         id(None),
@@ -155,6 +181,113 @@ def method(python: Callable[..., Any]) -> Any:
     bind = ctypes.pythonapi.PyInstanceMethod_New
     bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
     return bind(builtin)
+
+
+# A nonblocking call's cells (see nonblocking): the table, the cells of the begin
+# builtin of ringmpi._progress's generalized requests, the Request class,
+# ``pending.append`` and the mark it appends, the Python function.
+I_TABLE, I_BEGIN, I_CLASS, I_APPEND, I_MARK, I_PYTHON = range(6)
+# A completion's cells (see completion): the table, ``pending.clear``, True, room
+# for an MPI_Status, the offset of a Request object's handle, the Python method.
+W_TABLE, W_CLEAR, W_TRUE, W_STATUS, W_OFFSET, W_PYTHON = range(6)
+_STATUS_BYTES = 256  # (MPI_Status is 20-40 bytes in the MPI families)
+
+
+def nonblocking(python: Callable[..., Any], request: type, pending: list[Any]) -> Any:
+    """``ringmpi.Iallreduce``: a builtin that starts a nonblocking call on objects
+    whose blocking call is remembered in the table (:func:`install`) and marked
+    (:func:`defer`) in C, where no call is queued (``pending`` empty) and none
+    started so: a generalized request (of class ``request``) whose call its
+    completion (:func:`completion`) makes, in C; ``pending`` holds a mark while it
+    is started. Every other call goes to ``python``, which hands such a started
+    call to its queue first (:func:`take_deferred`), as it must before it queues
+    another or a blocking call runs. ``python`` itself where the builtin is not in
+    use."""
+    table = _state.get("holder")
+    if table is None:
+        return python
+    own = _builtins.holder(I_PYTHON + 1, python, I_PYTHON, I_PYTHON)
+    append = pending.append  # (a bound method: made anew at each lookup)
+    own.kept = (table, request, append)  # their addresses are in the cells
+    own[[I_TABLE, I_CLASS, I_APPEND, I_MARK]] = [table.ctypes.data, id(request), id(append),
+                                                  id(_MARK)]  # fmt: skip
+    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    assert vectorcall is not None  # a C API function's address
+    doc = _text_signature(python) + (python.__doc__ or "")
+    builtin = _builtins.builtin(python.__name__, doc, python.__module__, own, vectorcall)
+    _state["nonblocking"] = own
+    return builtin
+
+
+def completion(python: Callable[..., Any], pending: list[Any]) -> Any:
+    """``Wait`` of the requests of :func:`nonblocking`: a method whose C function
+    makes the call that request started in C, completes its generalized request
+    and waits on it; ``python(self, *args)`` for every other request and call.
+    Call after :func:`nonblocking`."""
+    if "nonblocking" not in _state:
+        return python
+    table = _state["holder"]
+    own = _builtins.holder(W_PYTHON + 1, python, W_PYTHON, W_PYTHON)
+    status = np.zeros(_STATUS_BYTES, np.uint8)
+    clear = pending.clear  # (a bound method: made anew at each lookup)
+    own.kept = (table, clear, status)  # their addresses are in the cells
+    own[:W_PYTHON] = [table.ctypes.data, id(clear), id(True), status.ctypes.data,
+                      _HANDLE_OFFSET]  # fmt: skip
+    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    assert vectorcall is not None  # a C API function's address
+    builtin = _builtins.builtin("Wait", python.__doc__, __name__, own, vectorcall)
+    _state["completion"] = own
+    bind = ctypes.pythonapi.PyInstanceMethod_New
+    bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
+    return bind(builtin)
+
+
+# What a nonblocking call started in C puts in ringmpi._progress.pending (which it
+# found empty): a blocking repeat, from C or Python, takes the full path meanwhile.
+_MARK = "a nonblocking call started in C"
+
+
+def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, begin: np.ndarray) -> None:
+    """Let later nonblocking calls on these very objects start in C (:func:`nonblocking`),
+    where the table remembers their blocking call: a nonblocking call decided
+    ringmpi's own call for them, carried out in the completion calls, on requests
+    started by the begin builtin whose cells are ``begin`` (ringmpi._progress)."""
+    holder, own = _state.get("holder"), _state.get("nonblocking")
+    if holder is None or own is None:
+        return
+    base = _HEADER + _WIDTH * slot(recvbuf, comm)
+    entry = holder[base : base + _WIDTH]
+    if (entry[RECV], entry[SEND], entry[OP_OBJ], entry[COMM_OBJ]) != (
+        id(recvbuf), id(sendbuf), id(op), id(comm)
+    ):  # fmt: skip
+        return
+    if own.method.meth != compiled(_istart):  # the first such call: now the C ones
+        own.kept += (begin,)
+        own[I_BEGIN] = begin.ctypes.data
+        own.method.meth = compiled(_istart)
+        _state["completion"].method.meth = compiled(_iwait)
+    holder[base + DEFER] = 1
+
+
+def take_deferred() -> tuple | None:
+    """The nonblocking call started in C and not yet carried out, taken from C: (its
+    request's cells, the request, sendbuf, recvbuf, op, comm), the references the
+    cells held now the caller's, the mark gone from ``pending``; None where there
+    is none."""
+    holder = _state.get("holder")
+    if holder is None or not holder[DEFERRED]:
+        return None
+    state = int(holder[DEFERRED])
+    holder[DEFERRED] = 0
+    cells = np.ctypeslib.as_array(ctypes.cast(state, ctypes.POINTER(ctypes.c_int64)),
+                                  (REQ_RAISE + 1,))  # fmt: skip
+    held = [ctypes.cast(int(cells[at]), ctypes.py_object).value
+            for at in (REQ_SELF, REQ_SEND, REQ_RECV, REQ_KEPT)]  # fmt: skip
+    for at in (REQ_SELF, REQ_SEND, REQ_RECV, REQ_KEPT):
+        ctypes.pythonapi.Py_DecRef(ctypes.c_void_p(int(cells[at])))
+    _progress.pending.clear()
+    request, send, recv, (_refs, op, comm, _settings_then, _call_kept) = held
+    return state, request, send, recv, op, comm
 
 
 def _text_signature(python: Callable[..., Any]) -> str:
@@ -216,12 +349,13 @@ def _slot_of(x):
     return np.int64((np.uint64(x >> 4) * _MIX) >> _SLOT_SHIFT)
 
 
-def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.ndarray,
+def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, call: Any,
             settings: _settings.Settings) -> None:  # fmt: skip
     """Run later ``Allreduce(sendbuf, recvbuf, op, comm)`` calls with these very
-    objects as the call of ``cells`` (``_capi``'s CELL_* layout), from C, while
-    ``settings`` is the snapshot in force and no trace is open. Only exact NumPy
-    arrays; nothing where the builtin is not in use."""
+    objects as the call of ``call.cells`` (a registry.Call; ``_capi``'s CELL_* layout),
+    from C, while ``settings`` is the snapshot in force and no trace is open. Only
+    exact NumPy arrays; nothing where the builtin is not in use."""
+    cells = call.cells
     holder = _state.get("holder")
     if holder is None or type(recvbuf) is not np.ndarray:
         return
@@ -242,12 +376,12 @@ def install(sendbuf: Any, recvbuf: np.ndarray, op: Any, comm: Any, cells: np.nda
 
     refs = (weakref.ref(recvbuf, gone), None if in_place else weakref.ref(sendbuf, gone))
     holder[base : base + _WIDTH] = 0
-    _kept[at] = (refs, op, comm, settings, cells)
+    kept = _kept[at] = (refs, op, comm, settings, call)
     send = recvbuf if in_place else sendbuf
     holder[base + SEND : base + _WIDTH] = [
         id(sendbuf), id(op), id(comm), id(recvbuf.dtype), id(send.dtype), recvbuf.ndim,
-        send.ndim, cells.ctypes.data, int(cells[CELL_RAISE]) or int(holder[RAISE]),
-        id(settings)]  # fmt: skip
+        send.ndim, cells.ctypes.data, int(cells[CELL_RAISE]) or int(holder[FAILS]),
+        id(settings), 0, id(kept)]  # fmt: skip
     holder[base + RECV] = id(recvbuf)  # last: the entry is whole
 
 
@@ -257,6 +391,9 @@ def warm() -> None:
     compiled(_call_method)
     compiled(_call_once)
     compiled(_counted_call)
+    if _progress._MPIX.usable():  # (MPIX_Grequest_start: not every MPI has it)
+        compiled(_istart)
+        compiled(_iwait)
 
 
 # A counted call's cells: the counted call's own (CELL_IN_PLACE to CELL_RAISE), then
@@ -271,6 +408,9 @@ def counted(cells: np.ndarray, left: np.ndarray) -> np.ndarray:
     addresses these hold."""
     own = np.array([*cells[:CELL_OWN], cells.ctypes.data, left.ctypes.data], np.int64)
     own[CELL_FN] = compiled(_counted_call)
+    holder = _state.get("holder")
+    if holder is not None:  # what a nonblocking call started in C knows it by
+        holder[COUNTED] = own[CELL_FN]
     return own
 
 
@@ -401,14 +541,15 @@ def _answer(err, none, failed, error_cell):
 
 
 @numba.njit(cache=True)
-def _lookup(table, pos, npos, kwnames, self_comm):
+def _match(table, pos, npos, kwnames, self_comm):
     """The remembered call on the arguments at ``pos`` (``npos`` positional:
     ``sendbuf, recvbuf[, op[, comm]]``, then the values of the keywords named in
-    ``kwnames``, 0 for none), made; a method's ``comm`` is ``self_comm`` (0 for
-    the function's). Returns what the builtin returns, or _MISS."""
+    ``kwnames``, 0 for none); a method's ``comm`` is ``self_comm`` (0 for the
+    function's): (its entry's address, what it reads, recvbuf's address), or
+    (0, 0, 0) where none matches these arrays or a call is queued."""
     most = 3 if self_comm else 4
     if npos < 2 or npos > most:
-        return _MISS
+        return 0, 0, 0
     none = peek(table + 8 * NONE_OBJ)
     op = peek(pos + 16) if npos >= 3 else none
     comm = self_comm if self_comm else (peek(pos + 24) if npos == 4 else none)
@@ -420,13 +561,13 @@ def _lookup(table, pos, npos, kwnames, self_comm):
             elif name == peek(table + 8 * COMM_NAME) and npos < 4 and not self_comm:
                 comm = value
             else:
-                return _MISS
+                return 0, 0, 0
     if op == none:  # None means MPI.SUM
         op = peek(table + 8 * SUM_OBJ)
     recv = peek(pos + 8)
     at = table + 8 * (_HEADER + _WIDTH * _slot_of(recv ^ comm))
     if peek(at + 8 * RECV) != recv:
-        return _MISS
+        return 0, 0, 0
     send, cells = peek(pos), peek(at + 8 * CELLS_AT)
     count = peek(cells + 8 * CELL_COUNT)
     if not (
@@ -438,13 +579,24 @@ def _lookup(table, pos, npos, kwnames, self_comm):
         and comm == peek(at + 8 * COMM_OBJ)
         and _fits(recv, peek(at + 8 * DESCR), peek(at + 8 * NDIM), count, _WRITE)
     ):
-        return _MISS
+        return 0, 0, 0
     source = _source(send, peek(table + 8 * IN_PLACE_OBJ), peek(cells + 8 * CELL_IN_PLACE),
                      peek(at + 8 * SEND_DESCR), peek(at + 8 * SEND_NDIM), count)  # fmt: skip
-    err = run_cells(cells, source, peek(recv + _DATA), count) if source != 0 else STALE
-    if err == STALE:  # not arrays it takes, or a leased call with no calls left: none sent
+    return (at, source, recv) if source != 0 else (0, 0, 0)
+
+
+@numba.njit(cache=True)
+def _lookup(table, pos, npos, kwnames, self_comm):
+    """The remembered call on the arguments at ``pos`` (:func:`_match`), made: what the
+    builtin returns, or _MISS."""
+    at, source, recv = _match(table, pos, npos, kwnames, self_comm)
+    if at == 0:
         return _MISS
-    return _answer(err, none, peek(at + 8 * FAILED), table + 8 * ERROR)
+    cells = peek(at + 8 * CELLS_AT)
+    err = run_cells(cells, source, peek(recv + _DATA), peek(cells + 8 * CELL_COUNT))
+    if err == STALE:  # a leased call with no calls left: none sent
+        return _MISS
+    return _answer(err, peek(table + 8 * NONE_OBJ), peek(at + 8 * FAILED), table + 8 * ERROR)
 
 
 def _call(holder, args, nargs, kwnames):
@@ -483,3 +635,87 @@ def _call_once(holder, args, nargs, kwnames):
             return _answer(err, peek(own + 8 * C_NONE), peek(own + 8 * C_RAISE),
                            own + 8 * C_ERROR)  # fmt: skip
     return py_vectorcall(peek(own + 8 * C_PYTHON), args, nargs, kwnames)
+
+
+def _istart(holder, args, nargs, kwnames):
+    """A nonblocking call's C function (see :func:`nonblocking`): ``args`` as
+    ``Allreduce``'s."""
+    own = peek(holder + _DATA)
+    table = peek(own + 8 * I_TABLE)
+    if peek(table + 8 * DEFERRED) == 0:
+        at, source, recv = _match(table, args, nargs, kwnames, 0)
+        if at != 0 and peek(at + 8 * DEFER) != 0:
+            request = _started(own, table, at, peek(args), source, recv)
+            if request != _MISS:
+                return request
+    return py_vectorcall(peek(own + 8 * I_PYTHON), args, nargs, kwnames)
+
+
+@numba.njit(cache=True)
+def _started(own, table, at, send, source, recv):
+    """A Request whose generalized request is started, its call (the entry at ``at``,
+    from ``source`` into ``recv``'s data; a counted call's own, uncounted: a
+    nonblocking call takes nothing off auto's lease) kept in its cells for its
+    completion to make; _MISS where no free cells were at hand (or MPI failed:
+    the Python start makes them, and raises), 0 with the exception set."""
+    cells = peek(at + 8 * CELLS_AT)
+    if peek(cells + 8 * CELL_FN) == peek(table + 8 * COUNTED):
+        cells = peek(cells + 8 * _INNER)
+    request = py_vectorcall(peek(own + 8 * I_CLASS), 0, 0, 0)
+    if request == 0:
+        return 0
+    begin = peek(own + 8 * I_BEGIN)
+    state = _pop_begin(peek(begin + 8 * _B_STACK), peek(begin + 8 * _B_FNS), request,
+                       peek(begin + 8 * _B_OFFSET), peek(begin + 8 * _B_WIDE))  # fmt: skip
+    if state <= 0:
+        py_decref(request)
+        return _MISS
+    appended = py_vectorcall(peek(own + 8 * I_APPEND), own + 8 * I_MARK, 1, 0)
+    if appended == 0:  # (no memory left: the request stays started)
+        py_decref(request)
+        return 0
+    py_decref(appended)
+    kept = peek(at + 8 * KEPT_OBJ)
+    poke(state + 8 * REQ_RUN, cells)
+    poke(state + 8 * REQ_SBUF, source)
+    poke(state + 8 * REQ_RBUF, peek(recv + _DATA))
+    poke(state + 8 * REQ_COUNT, peek(cells + 8 * CELL_COUNT))
+    poke(state + 8 * REQ_RAISE, peek(at + 8 * FAILED))
+    for cell, obj in ((REQ_SELF, request), (REQ_RECV, recv), (REQ_SEND, send), (REQ_KEPT, kept)):
+        py_incref(obj)
+        poke(state + 8 * cell, obj)
+    poke(table + 8 * DEFERRED, state)
+    return request
+
+
+def _iwait(holder, args, nargs, kwnames):
+    """A completion's C function (see :func:`completion`): ``args[0]`` is the request."""
+    own = peek(holder + _DATA)
+    table = peek(own + 8 * W_TABLE)
+    state = peek(table + 8 * DEFERRED)
+    if nargs == 1 and kwnames == 0 and state != 0 and peek(state + 8 * REQ_SELF) == peek(args):
+        poke(table + 8 * DEFERRED, 0)  # (taken: a completion MPI calls back finds none)
+        sbuf, rbuf = peek(state + 8 * REQ_SBUF), peek(state + 8 * REQ_RBUF)
+        err = run_cells(peek(state + 8 * REQ_RUN), sbuf, rbuf, peek(state + 8 * REQ_COUNT))
+        if err != STALE:
+            return _waited(own, table, state, err)
+        poke(table + 8 * DEFERRED, state)  # none sent: the Python path carries it out
+    return py_vectorcall(peek(own + 8 * W_PYTHON), args, nargs, kwnames)
+
+
+@numba.njit(cache=True)
+def _waited(own, table, state, err):
+    """The end of a call started in C, made with MPI's ``err``: the mark out of
+    ``pending``, its generalized request completed and waited on (the Request's
+    handle then MPI_REQUEST_NULL), the references released; True, or NULL with
+    the call's error raised."""
+    cleared = py_vectorcall(peek(own + 8 * W_CLEAR), 0, 0, 0)
+    if cleared != 0:
+        py_decref(cleared)
+    request = peek(state + 8 * REQ_SELF)
+    _grequest_end(state, False)
+    mpi_wait(request + peek(own + 8 * W_OFFSET), peek(own + 8 * W_STATUS))
+    answer = _answer(err, peek(own + 8 * W_TRUE), peek(state + 8 * REQ_RAISE), table + 8 * ERROR)
+    for cell in (REQ_RECV, REQ_SEND, REQ_KEPT, REQ_SELF):
+        py_decref(peek(state + 8 * cell))
+    return answer

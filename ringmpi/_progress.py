@@ -87,6 +87,17 @@ _QUEUED, _TAKEN, _FINISHED = 0, 1, 2
 _TRACES, _NO_TRACES = _trace._active, ()
 
 
+def _none_started() -> None:
+    """(Where no nonblocking call starts in C.)"""
+
+
+# Hands the nonblocking call started in C and not yet carried out (ringmpi._direct's,
+# whose mark is in pending) to its communicator's queue, a Job: before a call is
+# queued, a queue drained or freed, or a completion call takes that call's request
+# in Python. ringmpi._requests sets it.
+settle: Callable[[], None] = _none_started
+
+
 @numba.njit(cache=True, nogil=True)
 def _next(counts, grace, ns):
     """Whether, within ``ns`` nanoseconds, a call came that stayed queued and untaken,
@@ -264,6 +275,9 @@ class Completion:
         # finish(job), report_here and _raise inline: a completion right after a
         # computation runs from cold caches, and each call of Python costs there
         job = self._job
+        if job is None:
+            settle()
+            job = self._job
         if job is not None:
             queue = job.queue
             if not job.done and queue is not None:
@@ -283,6 +297,9 @@ class Completion:
 
     def Test(self, status: MPI.Status | None = None) -> bool:
         job = self._job
+        if job is None:
+            settle()
+            job = self._job
         if job is not None and not progressed(job):
             return False
         if job is not None:
@@ -389,6 +406,7 @@ class Progress:
 
     def drain(self) -> None:
         """Return once every call queued so far has run (not from the thread itself)."""
+        settle()
         if not self._pending or self._carrying():
             return  # (the calls queued after the running one wait for it)
         if not self.threaded:
@@ -483,6 +501,7 @@ class Progress:
 
     def free(self) -> None:
         """Run what is queued, then end the thread."""
+        settle()
         if not self.threaded:
             self._run_queued(None)
             return
@@ -613,6 +632,7 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
     """Queue ``job`` on ``ctx``'s progress queue (made on first use); returns its
     request (``into``, a :class:`Completion`, where given), or None when ``request``
     is False (``job.then`` reports instead)."""
+    settle()
     progress = ctx.progress
     if progress is None:
         threaded = mode(ctx) == "thread"
@@ -658,8 +678,13 @@ def set_handle(request: MPI.Request, handle: int) -> None:
 
 # A generalized request's cells (int64), whose address is its extra_state: what the
 # compiled query and free functions read and write, with no Python between; the
-# request's handle, which completes it.
-(_FLAGS, _BYTE, _ERR_OTHER, _HANDLE_CELL, _SLOT) = range(5)  # _SLOT: cells a request
+# request's handle, which completes it; and, for a call started in C and not yet
+# carried out (ringmpi._direct's deferred call), the call: the address of its cells,
+# its source, destination and count, the objects it holds a reference to (the
+# Request, recvbuf, sendbuf, and what keeps the cells: its entry's), and the
+# callable that raises its error.
+(_FLAGS, _BYTE, _ERR_OTHER, _HANDLE_CELL, REQ_RUN, REQ_SBUF, REQ_RBUF, REQ_COUNT, REQ_SELF,
+ REQ_RECV, REQ_SEND, REQ_KEPT, REQ_RAISE, _SLOT) = range(14)  # fmt: skip  # _SLOT: cells a request
 _FAILED, _FREED = 1, 2  # _FLAGS' bits: an error for MPI to raise; MPI freed the request
 _CHUNK = 1024  # requests' cells made at a time
 
@@ -839,14 +864,23 @@ class _Mpix:
         self._jobs[address] = job
         job.cells = address
 
-    def _carry_out(self, address: int | None) -> int:
+    def _job(self, address: int | None) -> Job | None:
+        """The job of the request whose cells are at ``address`` (one started in C,
+        handed to its queue first)."""
         job = self._jobs.get(address or 0)
+        if job is None:
+            settle()
+            job = self._jobs.get(address or 0)
+        return job
+
+    def _carry_out(self, address: int | None) -> int:
+        job = self._job(address)
         if job is not None:
             finish(job)
         return 0
 
     def _poll(self, address: int | None, status: int) -> int:
-        job = self._jobs.get(address or 0)
+        job = self._job(address)
         if job is not None:
             progressed(job)
         return 0

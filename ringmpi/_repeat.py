@@ -137,7 +137,7 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
     call = make()
     settings = _settings.current()
     if call.cells is not None and args[2:] == ("auto", None, None, None):  # op and comm alone
-        _direct.install(sendbuf, recvbuf, op, comm, call.cells, settings)
+        _direct.install(sendbuf, recvbuf, op, comm, call, settings)
     send_ref = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
     entry = Entry(weakref.ref(recvbuf), send_ref, args, settings, call,
                   None if old is None else old.started)  # fmt: skip

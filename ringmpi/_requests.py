@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from . import _api, _halves, _progress, _repeat, _settings, _trace, algorithms
+from . import _api, _direct, _halves, _progress, _repeat, _settings, _trace, algorithms
 from ._comm import check_comm, context
 from ._errors import RingMPIError
 from ._progress import Prepared
@@ -298,7 +298,41 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(decided.comm, send, recvbuf, decided.op)
     started = _Started(decided, send, recvbuf, args)
-    return _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
+    request = _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
+    if args[2:] == _AUTO and not decided.ctx.progress.threaded and _progress._MPIX.usable():
+        # carried out in the completion calls: the next such start may be made in C
+        _direct.defer(send, recvbuf, args[0], comm, _progress._MPIX._begin_cells)
+    return request
+
+
+_AUTO = ("auto", None, None, None)
+
+
+def _settle() -> None:
+    """Hand the nonblocking call started in C and not yet carried out, if any
+    (:func:`ringmpi._direct.take_deferred`), to its communicator's queue, the job a
+    start in Python makes, its request's cells and request its own."""
+    taken = _direct.take_deferred()
+    if taken is None:
+        return
+    cells, request, send, recvbuf, op, comm = taken
+    args = (op, comm, *_AUTO)
+    checked = check_comm(comm)
+    ctx = context(checked)
+    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx)
+    started = _Started(decided, send, recvbuf, args)
+    job = _progress.Job(started.run, step=started.step)
+    job.cells = cells
+    _progress._MPIX._jobs[cells] = job
+    request._job = job
+    ctx.progress.submit(job)
+
+
+# Iallreduce's repeats start in C, and their requests' Wait completes them there.
+_progress.settle = _settle
+_python_iallreduce = Iallreduce
+Iallreduce = _direct.nonblocking(_python_iallreduce, _progress.Request, _progress.pending)
+_progress.Request.Wait = _direct.completion(_progress.Completion.Wait, _progress.pending)
 
 
 def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any], None],

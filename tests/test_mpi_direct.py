@@ -287,7 +287,8 @@ def test_an_mpi_error_raises_on_every_rank(through_python_mpi):
     ctx = ringmpi._comm.context(WORLD)
     cells = np.array([int(MPI.IN_PLACE), _capi.handle(MPI.DATATYPE_NULL), _capi.handle(MPI.SUM),
                       _capi.handle(ctx.comm), 4, 0, 0, 0], np.int64)  # fmt: skip
-    _direct.install(MPI.IN_PLACE, a, MPI.SUM, None, cells, ringmpi._settings.current())
+    call = ringmpi.algorithms.Call(None, None, None, cells)
+    _direct.install(MPI.IN_PLACE, a, MPI.SUM, None, call, ringmpi._settings.current())
     start = len(through_python_mpi)
     problems = []
     try:

@@ -7,6 +7,7 @@ MPI's own requests and with blocking calls on the same communicator.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _progress, verify
+from ringmpi import _direct, _progress, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -178,3 +179,107 @@ def test_a_repeat_never_overtakes_a_queued_call(settings, progress):
     comm.Free()
     problems += mismatch("queued", big, expected(1 << 18, k=7))
     agree(WORLD, problems + mismatch("repeat", buf, expected(64, k=5)))
+
+
+def _started_in_c() -> bool:
+    """Whether the last start left a call started in C (not yet carried out)."""
+    holder = _direct._state.get("holder")
+    return holder is not None and bool(holder[_direct.DEFERRED])
+
+
+def _starts_in_c(buf: np.ndarray, comm: MPI.Intracomm) -> bool:
+    """Whether the C table remembers the blocking call of ``buf`` on ``comm`` with its
+    cells and MPI carries generalized requests' polls (MPIX: MPICH, Intel MPI)."""
+    holder = _direct._state.get("holder")
+    if holder is None or not _progress._MPIX.usable():
+        return False
+    return holder[_direct._HEADER + _direct._WIDTH * _direct.slot(buf, comm) + _direct.RECV] == id(
+        buf
+    )
+
+
+N = 1 << 18  # 2 MiB of float64: ringmpi's own request in every family
+
+
+def test_a_repeated_start_runs_in_c_and_completes_exactly(settings):
+    settings(progress="wait")
+    comm = WORLD.Dup()  # a queue of its own, carried out by the completion calls
+    buf = np.empty(N)
+    problems, in_c = [], []
+    for k in range(8):
+        buf[...] = inputs(N, k=k)
+        refs = sys.getrefcount(buf)
+        req = ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm)
+        in_c.append(_started_in_c())
+        req.Wait()
+        problems += mismatch(f"call {k}", buf, expected(N, k=k))
+        problems += [] if req == MPI.REQUEST_NULL else [f"call {k}: the request is not null"]
+        problems += [] if sys.getrefcount(buf) == refs else [f"call {k}: a reference kept"]
+    if _starts_in_c(buf, comm):  # the first two or three start in Python (_direct.defer)
+        problems += [] if not in_c[0] and in_c[3:] == [True] * 5 else [f"started in C: {in_c}"]
+    comm.Free()
+    agree(WORLD, problems)
+
+
+def test_a_call_started_in_c_runs_before_later_calls(settings):
+    settings(progress="wait")
+    comm = WORLD.Dup()
+    buf, small = np.empty(N), np.empty(64)
+    for k in range(4):  # both remembered: buf's start and small's blocking call from C
+        buf[...] = inputs(N, k=k)
+        ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm).Wait()
+        small[...] = inputs(64, k=k)
+        ringmpi.Allreduce(MPI.IN_PLACE, small, MPI.SUM, comm)
+    problems = []
+    buf[...] = inputs(N, k=5)
+    started = ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm)
+    in_c = _started_in_c()
+    small[...] = inputs(64, k=6)
+    ringmpi.Allreduce(MPI.IN_PLACE, small, MPI.SUM, comm)  # the started call runs first
+    problems += [] if started._job is not None and started._job.done else ["overtaken"]
+    started.Wait()
+    problems += mismatch("started, then a blocking call", buf, expected(N, k=5))
+    problems += mismatch("the blocking call", small, expected(64, k=6))
+    buf[...] = inputs(N, k=7)
+    first = ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm)
+    small[...] = inputs(64, k=8)
+    second = ringmpi.Iallreduce(MPI.IN_PLACE, small, MPI.SUM, comm)  # queued behind it
+    second.Wait()  # carries the first out before it
+    first.Wait()
+    problems += mismatch("first of two", buf, expected(N, k=7))
+    problems += mismatch("second of two", small, expected(64, k=8))
+    if _starts_in_c(buf, comm) and not in_c:
+        problems.append("the fifth start was not made in C")
+    comm.Free()
+    agree(WORLD, problems)
+
+
+@pytest.mark.parametrize("completion", ["Test", "Waitall", "Wait(status)", "Free the comm"])
+def test_every_completion_carries_out_a_call_started_in_c(settings, completion):
+    if completion == "Waitall" and not _progress._MPIX.usable():
+        pytest.skip("MPI's Waitall carries out no call of progress='wait' without MPIX")
+    settings(progress="wait")
+    comm = WORLD.Dup()
+    buf = np.empty(N)
+    for k in range(4):
+        buf[...] = inputs(N, k=k)
+        ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm).Wait()
+    buf[...] = inputs(N, k=9)
+    req = ringmpi.Iallreduce(MPI.IN_PLACE, buf, MPI.SUM, comm)
+    problems = [] if _started_in_c() or not _starts_in_c(buf, comm) else ["not started in C"]
+    if completion == "Test":
+        while not req.Test():
+            pass
+    elif completion == "Waitall":
+        MPI.Request.Waitall([req])
+    elif completion == "Wait(status)":
+        req.Wait(MPI.Status())
+    else:
+        comm.Free()  # its queued calls run first
+        req.Wait()
+    problems += mismatch(completion, buf, expected(N, k=9))
+    problems += [] if req == MPI.REQUEST_NULL else ["the request is not null"]
+    problems += [] if not _started_in_c() and not _progress.pending else ["left started"]
+    if completion != "Free the comm":
+        comm.Free()
+    agree(WORLD, problems)

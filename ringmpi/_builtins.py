@@ -47,6 +47,7 @@ class Holder(np.ndarray):
     method: Any  # the builtin's PyMethodDef, kept as long as the builtin
     cells: np.ndarray  # a caller's call, kept as long as the builtin
     table: np.ndarray  # a method's table, kept as long as the builtin
+    kept: tuple  # what else its cells name by address, kept as long as the builtin
     _python: Callable[..., Any]
     _cell: int
 

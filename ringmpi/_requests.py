@@ -325,6 +325,7 @@ def _settle() -> None:
     job.cells = cells
     _progress._MPIX._jobs[cells] = job
     request._job = job
+    assert ctx.progress is not None  # (defer marks calls on queues carried out so)
     ctx.progress.submit(job)
 
 
@@ -332,7 +333,9 @@ def _settle() -> None:
 _progress.settle = _settle
 _python_iallreduce = Iallreduce
 Iallreduce = _direct.nonblocking(_python_iallreduce, _progress.Request, _progress.pending)
-_progress.Request.Wait = _direct.completion(_progress.Completion.Wait, _progress.pending)
+_progress.Request.Wait = _direct.completion(  # type: ignore[method-assign]
+    _progress.Completion.Wait, _progress.pending
+)
 
 
 def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any], None],

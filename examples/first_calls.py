@@ -19,8 +19,9 @@ one comes back (in place, never reset: each call doubles what the last left,
 exactly).
 
 Prints, per size and form: the first call (a communicator's first: its one-time
-costs), the sums of the next 10 and of the next ``--calls``, and for auto and its
-nonblocking call those sums over the library's and over the best form's. Every
+costs), the sums of the next 10 and of the next ``--calls``, for auto and its
+nonblocking call those sums over the library's and over the best form's, and the
+nonblocking call's over auto's blocking call's. Every
 form's results must agree bit for bit, on every rank (at 2 ranks every algorithm
 adds one pair an element: the same bits).
 """
@@ -126,6 +127,11 @@ def main() -> None:
                 f"{took[f][0] * 1e3:.3f} ms against the library's "
                 f"{took['library'][0] * 1e3:.3f}"
             )
+        print(
+            f"{size:>10} {'Iallreduce':<20} over auto's blocking call "
+            f"{tens['Iallreduce'] / tens['auto']:.2f} (10), "
+            f"{alls['Iallreduce'] / alls['auto']:.2f} ({args.calls})"
+        )
 
 
 if __name__ == "__main__":

@@ -247,11 +247,11 @@ def completion(python: Callable[..., Any], pending: list[Any]) -> Any:
 _MARK = "a nonblocking call started in C"
 
 
-def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, begin: np.ndarray) -> None:
+def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any) -> None:
     """Let later nonblocking calls on these very objects start in C (:func:`nonblocking`),
     where the table remembers their blocking call: a nonblocking call decided
-    ringmpi's own call for them, carried out in the completion calls, on requests
-    started by the begin builtin whose cells are ``begin`` (ringmpi._progress)."""
+    ringmpi's own call for them, carried out in the completion calls
+    (:func:`ringmpi._progress.deferrable`)."""
     holder, own = _state.get("holder"), _state.get("nonblocking")
     if holder is None or own is None:
         return
@@ -262,6 +262,7 @@ def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, begin: np.ndarray) -> 
     ):  # fmt: skip
         return
     if own.method.meth != compiled(_istart):  # the first such call: now the C ones
+        begin = _progress._MPIX._begin_cells  # (the generalized requests' start)
         own.kept += (begin,)
         own[I_BEGIN] = begin.ctypes.data
         own.method.meth = compiled(_istart)

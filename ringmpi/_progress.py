@@ -590,6 +590,15 @@ def spare_core(ctx) -> bool:
     return (mine >= 2) if mine < node else (node >= 2 * ctx.node.Get_size())
 
 
+def deferrable(ctx) -> bool:
+    """Whether a nonblocking call on ``ctx`` may start in C, its call made by its
+    completion (ringmpi._direct.nonblocking): its queue is carried out by the
+    completion calls, on generalized requests MPI's own completion calls carry
+    out too (MPIX)."""
+    progress = None if ctx is None else ctx.progress
+    return progress is not None and not progress.threaded and _MPIX.usable()
+
+
 def threaded(ctx) -> bool:
     """Whether a progress thread carries out ``ctx``'s nonblocking calls."""
     return mode(ctx) == "thread"

@@ -136,11 +136,13 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
         return
     call = make()
     settings = _settings.current()
+    started = None if old is None else old.started
     if call.cells is not None and args[2:] == ("auto", None, None, None):  # op and comm alone
         _direct.install(sendbuf, recvbuf, op, comm, call, settings)
+        if started is not None and started.own and _progress.deferrable(started.ctx):
+            _direct.defer(sendbuf, recvbuf, op, comm)  # its next nonblocking start in C
     send_ref = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
-    entry = Entry(weakref.ref(recvbuf), send_ref, args, settings, call,
-                  None if old is None else old.started)  # fmt: skip
+    entry = Entry(weakref.ref(recvbuf), send_ref, args, settings, call, started)
     latest.put(id(recvbuf), entries.put(key, entry))
 
 

@@ -31,10 +31,11 @@ __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ired
            "Reduce_scatter_init", "start", "started"]  # fmt: skip
 
 # Below this many bytes auto's nonblocking or persistent call is the library's own
-# request, by MPI family: a request of ringmpi's costs 5.5-10.3 us more than its
-# blocking call up to 256 KiB, which MPICH's own requests outweigh from 64 KiB on,
-# Intel MPI's only from 2 MiB (at 1 MiB its own cost 6-14 % less than ringmpi's;
-# 2 ranks, docs/performance.md); others (Open MPI), 1 MiB.
+# request, by MPI family, unless its repeats start in C: a request of ringmpi's made
+# in Python costs 5.5-10.3 us more than its blocking call up to 256 KiB, which
+# MPICH's own requests outweigh from 64 KiB on, Intel MPI's only from 2 MiB (at 1 MiB
+# its own cost 6-14 % less than ringmpi's; 2 ranks, docs/performance.md); others
+# (Open MPI), 1 MiB.
 OWN_FROM_BYTES = {"MPICH": 64 << 10, "Intel": 2 << 20}
 _OWN_FROM_OTHERS = 1 << 20
 _own_from: list[int] = []  # this process's, once known
@@ -54,13 +55,21 @@ _TRACES, _IN_PLACE = _trace._active, MPI.IN_PLACE
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float,
-         red: Reduction | None = None, ordered: bool = False,
-         validate: bool = False) -> bool:  # fmt: skip
+         red: Reduction | None = None, ordered: bool = False, validate: bool = False,
+         in_c: bool = False) -> bool:  # fmt: skip
     """Whether ringmpi's call, not the library's request, carries out a call of ``nbytes``
     of ``red`` it can run (:func:`_own_known`, else whether a thread or the
-    completion calls can carry it out: :func:`_progress.mode`)."""
+    completion calls can carry it out: :func:`_progress.mode`): under auto, from
+    :func:`own_from_bytes`, or at every size where its repeats start in C
+    (``in_c``: an all-reduce of arrays that may, carried out by the completion
+    calls on MPIX requests: :func:`ringmpi._direct.nonblocking`)."""
     known = _own_known(nbytes, op, algorithm, timeout, red, ordered, validate)
-    return known if known is not None else _progress.mode(context(comm, timeout)) != "library"
+    if known is not None:
+        return known
+    mode = _progress.mode(context(comm, timeout))
+    if mode == "library":
+        return False
+    return nbytes >= own_from_bytes() or (in_c and mode == "wait" and _progress._MPIX.usable())
 
 
 def _own_known(nbytes: int, op: Any, algorithm: str, timeout: float, red: Reduction | None,
@@ -72,9 +81,7 @@ def _own_known(nbytes: int, op: Any, algorithm: str, timeout: float, red: Reduct
     library's: with a timeout (which the library's request cannot honour),
     validation, the rank-order fold of ``ordered`` (reproducible) floating data,
     AVG, and reductions whose answer the library's call does not give
-    (:func:`~ringmpi.algorithms.library_agrees`). Otherwise the library's request
-    for buffers below :func:`own_from_bytes`, for which the request's own cost
-    outweighs what ringmpi saves."""
+    (:func:`~ringmpi.algorithms.library_agrees`)."""
     settings = _settings.current()
     if algorithm == "auto":
         algorithm = settings.algorithm
@@ -83,7 +90,7 @@ def _own_known(nbytes: int, op: Any, algorithm: str, timeout: float, red: Reduct
     if (op is AVG or timeout or validate or not algorithms.library_agrees(red)
             or (ordered and red is not None and algorithms.order_matters(red))):  # fmt: skip
         return True
-    return False if nbytes < own_from_bytes() else None
+    return None
 
 
 class Prequest(_progress.Completion, MPI.Prequest):
@@ -184,31 +191,37 @@ class Decided(NamedTuple):
     own: bool  # ringmpi's run, not the library's request
     keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
     ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
+    nonblocking: bool = False  # for Iallreduce, whose repeats may start in C
 
 
-def _decided(sendbuf: Any, recvbuf: Any, args: tuple) -> Decided:
-    """What was checked and decided for a nonblocking or persistent all-reduce on these
-    very objects (``sendbuf`` MPI.IN_PLACE: in place; ``args``: (op, comm, algorithm,
-    validate, timeout, reproducible), op not None): remembered, or checked now."""
+def _decided(sendbuf: Any, recvbuf: Any, args: tuple, nonblocking: bool = False) -> Decided:
+    """What was checked and decided for a nonblocking (else persistent) all-reduce on
+    these very objects (``sendbuf`` MPI.IN_PLACE: in place; ``args``: (op, comm,
+    algorithm, validate, timeout, reproducible), op not None): remembered, or
+    checked now."""
     entry = _repeat.found(sendbuf, recvbuf, args)
-    if entry is not None and entry.started is not None and entry.started.nbytes == recvbuf.nbytes:
-        return entry.started
+    started = None if entry is None else entry.started
+    if started is not None and (started.nbytes, started.nonblocking) == (recvbuf.nbytes,
+                                                                         nonblocking):  # fmt: skip
+        return started
     op, comm, algorithm, validate, timeout, reproducible = args
     call = _api._parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
              "reproducible": reproducible}  # fmt: skip
     keywords = {k: v for k, v in given.items() if v is not None and v != "auto"}
     own, ctx = False, None
+    arrays = isinstance(recvbuf, np.ndarray) and (
+        sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
+    )
     if not call.library:
         assert call.recv is not None and call.red is not None
         assert isinstance(call.comm, MPI.Intracomm)
         own = _own(call.comm, call.nitems * call.recv.itemsize, op, algorithm, call.timeout,
-                   call.red, call.ordered, call.validate)  # fmt: skip
+                   call.red, call.ordered, call.validate,
+                   nonblocking and arrays and args[2:] == _AUTO)  # fmt: skip
         ctx = context(call.comm, call.timeout) if own else None
-    decided = Decided(-1, op, call.comm, call.timeout, own, keywords, ctx)
-    if isinstance(recvbuf, np.ndarray) and (
-        sendbuf is MPI.IN_PLACE or isinstance(sendbuf, np.ndarray)
-    ):
+    decided = Decided(-1, op, call.comm, call.timeout, own, keywords, ctx, nonblocking)
+    if arrays:
         decided = decided._replace(nbytes=recvbuf.nbytes)
         _repeat.keep(sendbuf, recvbuf, args, decided)
     return decided
@@ -284,24 +297,26 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     (or ``MPI.Request.Waitall`` among MPI's own requests) complete it, and raise its
     error (a timeout, ranks that disagree) with the blocking call's message.
     Leave the buffers alone until then. A blocking call on the same communicator
-    first waits for the nonblocking ones started before it. Under auto, buffers
-    below :func:`own_from_bytes` (64 KiB under MPICH, 2 MiB under Intel MPI, 1 MiB
-    under the others) go to the library's own ``comm.Iallreduce``, as do calls
-    ringmpi cannot reduce itself and, where neither a thread nor the completion
-    calls can carry the call out, every call.
+    first waits for the nonblocking ones started before it. A call on the very
+    objects of an earlier one, with ``op`` and ``comm`` alone, starts in compiled
+    code where the completion calls carry it out (MPICH, Intel MPI) and its
+    ``Wait()`` makes it there. Under auto, buffers below :func:`own_from_bytes`
+    (64 KiB under MPICH, 2 MiB under Intel MPI, 1 MiB under the others; not arrays
+    whose calls start so: ringmpi's then cost less) go to the library's own
+    ``comm.Iallreduce``, as do calls ringmpi cannot reduce itself and, where
+    neither a thread nor the completion calls can carry the call out, every call.
     """
     send = _IN_PLACE if sendbuf is None else sendbuf
     args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
-    decided = _decided(send, recvbuf, args)
+    decided = _decided(send, recvbuf, args, nonblocking=True)
     if not decided.own:  # the library's
         if _TRACES:
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(decided.comm, send, recvbuf, decided.op)
     started = _Started(decided, send, recvbuf, args)
     request = _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
-    if args[2:] == _AUTO and not decided.ctx.progress.threaded and _progress._MPIX.usable():
-        # carried out in the completion calls: the next such start may be made in C
-        _direct.defer(send, recvbuf, args[0], comm, _progress._MPIX._begin_cells)
+    if args[2:] == _AUTO and _progress.deferrable(decided.ctx):  # the next start may be in C
+        _direct.defer(send, recvbuf, args[0], comm)
     return request
 
 
@@ -319,7 +334,7 @@ def _settle() -> None:
     args = (op, comm, *_AUTO)
     checked = check_comm(comm)
     ctx = context(checked)
-    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx)
+    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx, True)
     started = _Started(decided, send, recvbuf, args)
     job = _progress.Job(started.run, step=started.step)
     job.cells = cells

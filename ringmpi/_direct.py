@@ -251,15 +251,10 @@ def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any) -> None:
     """Let later nonblocking calls on these very objects start in C (:func:`nonblocking`),
     where the table remembers their blocking call: a nonblocking call decided
     ringmpi's own call for them, carried out in the completion calls
-    (:func:`ringmpi._progress.deferrable`)."""
+    (:func:`ringmpi._progress.deferrable`). The first such call turns the
+    builtins' C functions on."""
     holder, own = _state.get("holder"), _state.get("nonblocking")
     if holder is None or own is None:
-        return
-    base = _HEADER + _WIDTH * slot(recvbuf, comm)
-    entry = holder[base : base + _WIDTH]
-    if (entry[RECV], entry[SEND], entry[OP_OBJ], entry[COMM_OBJ]) != (
-        id(recvbuf), id(sendbuf), id(op), id(comm)
-    ):  # fmt: skip
         return
     if own.method.meth != compiled(_istart):  # the first such call: now the C ones
         begin = _progress._MPIX._begin_cells  # (the generalized requests' start)
@@ -267,7 +262,12 @@ def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any) -> None:
         own[I_BEGIN] = begin.ctypes.data
         own.method.meth = compiled(_istart)
         _state["completion"].method.meth = compiled(_iwait)
-    holder[base + DEFER] = 1
+    base = _HEADER + _WIDTH * slot(recvbuf, comm)
+    item = holder.item
+    if item(base + RECV) != id(recvbuf) or item(base + SEND) != id(sendbuf):
+        return  # (not remembered yet: its blocking call's install marks it)
+    if item(base + OP_OBJ) == id(op) and item(base + COMM_OBJ) == id(comm):
+        holder[base + DEFER] = 1
 
 
 def take_deferred() -> tuple | None:

@@ -595,8 +595,7 @@ def deferrable(ctx) -> bool:
     completion (ringmpi._direct.nonblocking): its queue is carried out by the
     completion calls, on generalized requests MPI's own completion calls carry
     out too (MPIX)."""
-    progress = None if ctx is None else ctx.progress
-    return progress is not None and not progress.threaded and _MPIX.usable()
+    return ctx is not None and mode(ctx) == "wait" and _MPIX.usable()
 
 
 def threaded(ctx) -> bool:
@@ -633,6 +632,15 @@ def completed() -> MPI.Grequest:
     return greq
 
 
+def queue(ctx) -> Progress:
+    """``ctx``'s progress queue, made on first use."""
+    progress = ctx.progress
+    if progress is None:
+        threaded = mode(ctx) == "thread"
+        progress = ctx.progress = Progress(threaded, poll=threaded and spare_core(ctx))
+    return progress
+
+
 @overload
 def start(ctx, job: Job, request: Literal[True] = ..., into: Any = ...) -> Request: ...
 @overload
@@ -642,10 +650,7 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
     request (``into``, a :class:`Completion`, where given), or None when ``request``
     is False (``job.then`` reports instead)."""
     settle()
-    progress = ctx.progress
-    if progress is None:
-        threaded = mode(ctx) == "thread"
-        progress = ctx.progress = Progress(threaded, poll=threaded and spare_core(ctx))
+    progress = queue(ctx)
     req = None
     if request:
         req = Request() if into is None else into

@@ -103,6 +103,17 @@ def keep(sendbuf: Any, recvbuf: np.ndarray, args: tuple, started: Decided) -> No
         send = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
         entry = Entry(weakref.ref(recvbuf), send, args, _settings.current(), UNMADE)
     latest.put(id(recvbuf), entries.put(key, entry._replace(started=started)))
+    if args[2:] == _AUTO and _starts_in_c(started):
+        _direct.defer(sendbuf, recvbuf, args[0], args[1])
+
+
+_AUTO = ("auto", None, None, None)  # the keywords of a call the C table takes
+
+
+def _starts_in_c(started: Decided | None) -> bool:
+    """Whether a nonblocking call of what ``started`` decided may start in C."""
+    return (started is not None and started.own and started.nonblocking
+            and _progress.deferrable(started.ctx))  # fmt: skip
 
 
 def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
@@ -137,9 +148,9 @@ def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],
     call = make()
     settings = _settings.current()
     started = None if old is None else old.started
-    if call.cells is not None and args[2:] == ("auto", None, None, None):  # op and comm alone
+    if call.cells is not None and args[2:] == _AUTO:  # op and comm alone
         _direct.install(sendbuf, recvbuf, op, comm, call, settings)
-        if started is not None and started.own and _progress.deferrable(started.ctx):
+        if _starts_in_c(started):
             _direct.defer(sendbuf, recvbuf, op, comm)  # its next nonblocking start in C
     send_ref = None if sendbuf is _IN_PLACE else weakref.ref(sendbuf)
     entry = Entry(weakref.ref(recvbuf), send_ref, args, settings, call, started)

@@ -314,13 +314,10 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(decided.comm, send, recvbuf, decided.op)
     started = _Started(decided, send, recvbuf, args)
-    request = _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
-    if args[2:] == _AUTO and _progress.deferrable(decided.ctx):  # the next start may be in C
-        _direct.defer(send, recvbuf, args[0], comm)
-    return request
+    return _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
 
 
-_AUTO = ("auto", None, None, None)
+_AUTO = _repeat._AUTO  # the keywords of a call the C table takes
 
 
 def _settle() -> None:
@@ -340,8 +337,7 @@ def _settle() -> None:
     job.cells = cells
     _progress._MPIX._jobs[cells] = job
     request._job = job
-    assert ctx.progress is not None  # (defer marks calls on queues carried out so)
-    ctx.progress.submit(job)
+    _progress.queue(ctx).submit(job)
 
 
 # Iallreduce's repeats start in C, and their requests' Wait completes them there.

@@ -660,7 +660,8 @@ def _started(own, table, at, send, source, recv):
     completion to make; _MISS where no free cells were at hand (or MPI failed:
     the Python start makes them, and raises), 0 with the exception set."""
     cells = peek(at + 8 * CELLS_AT)
-    if peek(cells + 8 * CELL_FN) == peek(table + 8 * COUNTED):
+    counted = peek(table + 8 * COUNTED)  # (0 until a counted call is made: CELL_FN 0 is MPI's)
+    if counted != 0 and peek(cells + 8 * CELL_FN) == counted:
         cells = peek(cells + 8 * _INNER)
     request = py_vectorcall(peek(own + 8 * I_CLASS), 0, 0, 0)
     if request == 0:

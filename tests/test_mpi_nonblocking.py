@@ -16,7 +16,7 @@ from conftest import agree
 from mpi4py import MPI
 
 import ringmpi
-from ringmpi import _direct, _progress, _requests, verify
+from ringmpi import _capi, _direct, _progress, _requests, verify
 
 pytestmark = pytest.mark.mpi
 
@@ -306,3 +306,35 @@ def test_a_small_iallreduce_of_arrays_is_ringmpis_where_it_starts_in_c(settings)
     for name, got in (("array", x), ("spec", spec), ("persistent", y)):
         problems += mismatch(name, got, np.full(1, SIZE * (SIZE + 1) / 2))
     agree(WORLD, problems)
+
+
+def test_a_start_in_c_of_the_librarys_own_call(settings):
+    if not _progress._MPIX.usable() or _direct._state.get("nonblocking") is None:
+        pytest.skip("no start in C here: no MPIX generalized requests, or no builtins")
+    settings(progress="wait")
+    comm = WORLD.Dup()
+    ctx = ringmpi._comm.context(comm)
+    x = np.empty(4, np.float32)
+    # the blocking call remembered as the library's MPI_Allreduce (CELL_FN 0), where no
+    # counted call (whose C function a start runs uncounted) was made yet
+    cells = np.array([int(MPI.IN_PLACE), _capi.handle(MPI.FLOAT), _capi.handle(MPI.SUM),
+                      _capi.handle(ctx.comm), 4, _direct.number(x.dtype), 0, 0], np.int64)  # fmt: skip
+    call = ringmpi.algorithms.Call(None, None, None, cells)
+    _direct.install(MPI.IN_PLACE, x, MPI.SUM, comm, call, ringmpi._settings.current())
+    _progress.queue(ctx)
+    _direct.defer(MPI.IN_PLACE, x, MPI.SUM, comm)
+    holder = _direct._state["holder"]
+    counted, holder[_direct.COUNTED] = holder[_direct.COUNTED], 0
+    try:
+        x[...] = RANK + 1
+        req = ringmpi.Iallreduce(MPI.IN_PLACE, x, MPI.SUM, comm)
+        in_c = _started_in_c()
+        req.Wait()
+    finally:
+        holder[_direct.COUNTED] = counted
+    comm.Free()
+    problems = [] if in_c else ["not started in C"]
+    agree(
+        WORLD,
+        problems + mismatch("the library's", x, np.full(4, SIZE * (SIZE + 1) / 2, np.float32)),
+    )

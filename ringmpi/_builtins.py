@@ -48,6 +48,7 @@ class Holder(np.ndarray):
     cells: np.ndarray  # a caller's call, kept as long as the builtin
     table: np.ndarray  # a method's table, kept as long as the builtin
     kept: tuple  # what else its cells name by address, kept as long as the builtin
+    fn: Any  # its C function, where it is turned on later (ringmpi._direct)
     _python: Callable[..., Any]
     _cell: int
 

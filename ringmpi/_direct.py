@@ -86,7 +86,8 @@ from ._progress import (
 
 __all__ = ["STALE", "again_from", "again_in_place", "caller", "compiled", "completion",
            "counted", "defer", "entry", "entry_point", "install", "method", "nonblocking",
-           "number", "run_cells", "slot", "take_deferred", "warm"]  # fmt: skip
+           "number", "persistent", "run_cells", "slot", "slot_offset", "take_deferred",
+           "warm"]  # fmt: skip
 
 # What a direct call returns when it sent nothing (not an MPI error code: those are >= 0).
 STALE = -1
@@ -185,11 +186,16 @@ def method(python: Callable[..., Any]) -> Any:
 
 # A nonblocking call's cells (see nonblocking): the table, the cells of the begin
 # builtin of ringmpi._progress's generalized requests, the Request class,
-# ``pending.append`` and the mark it appends, the Python function.
-I_TABLE, I_BEGIN, I_CLASS, I_APPEND, I_MARK, I_PYTHON = range(6)
-# A completion's cells (see completion): the table, ``pending.clear``, True, room
-# for an MPI_Status, the offset of a Request object's handle, the Python method.
-W_TABLE, W_CLEAR, W_TRUE, W_STATUS, W_OFFSET, W_PYTHON = range(6)
+# ``pending.append`` and the mark it appends, the Python function; a persistent
+# start's (see persistent) go on with the offset of its request's objects (an
+# int64 array of the addresses of sendbuf, recvbuf, op and comm) and the handle of
+# an inactive request as compiled code reads it.
+I_TABLE, I_BEGIN, I_CLASS, I_APPEND, I_MARK, I_PYTHON, P_OBJECTS, P_NULL = range(8)
+# A completion's cells (see completion): the table, the begin builtin's cells (as a
+# start's: where a Request object's handle lies), ``pending.clear``, True, room for
+# an MPI_Status, the Python method.
+W_TABLE, W_BEGIN, W_CLEAR, W_TRUE, W_STATUS, W_PYTHON = range(6)
+assert (W_TABLE, W_BEGIN) == (I_TABLE, I_BEGIN)  # (defer sets them alike)
 _STATUS_BYTES = 256  # (MPI_Status is 20-40 bytes in the MPI families)
 
 
@@ -219,11 +225,43 @@ def nonblocking(python: Callable[..., Any], request: type, pending: list[Any]) -
     return builtin
 
 
+def persistent(python: Callable[..., Any], objects: int, pending: list[Any]) -> Any:
+    """``Start`` of a persistent request (a method): as :func:`nonblocking`'s start,
+    in C, of the call on the objects whose addresses the request holds at offset
+    ``objects`` (an int64 array: sendbuf, recvbuf, op, comm; NULL: none), into the
+    request itself where it is inactive; ``python(self)`` otherwise. Call after
+    :func:`nonblocking`."""
+    table = _state.get("holder")
+    if table is None or "nonblocking" not in _state:
+        return python
+    own = _builtins.holder(P_NULL + 1, python, I_PYTHON, I_PYTHON)
+    append = pending.append  # (a bound method: made anew at each lookup)
+    own.kept = (table, append)  # their addresses are in the cells
+    null = MPI.Request()
+    wide = MPI._sizeof(MPI.Request) == 8
+    at = id(null) + _HANDLE_OFFSET
+    idle = (ctypes.c_int64 if wide else ctypes.c_int32).from_address(at).value
+    own[[I_TABLE, I_APPEND, I_MARK, P_OBJECTS, P_NULL]] = [table.ctypes.data, id(append),
+                                                            id(_MARK), objects, idle]  # fmt: skip
+    return _method("Start", python, own, _pstart)
+
+
+def slot_offset(cls: type, name: str) -> int:
+    """Where in an object of ``cls`` its ``__slots__`` member ``name`` lies (found on
+    a probe: a member descriptor says so only from Python 3.12)."""
+    probe, marker = cls(), object()
+    setattr(probe, name, marker)
+    for offset in range(16, cls.__basicsize__, 8):  # (past the object's header)
+        if ctypes.c_int64.from_address(id(probe) + offset).value == id(marker):
+            return offset
+    raise RuntimeError(f"{cls.__name__}.{name} not found in its objects")
+
+
 def completion(python: Callable[..., Any], pending: list[Any]) -> Any:
-    """``Wait`` of the requests of :func:`nonblocking`: a method whose C function
-    makes the call that request started in C, completes its generalized request
-    and waits on it; ``python(self, *args)`` for every other request and call.
-    Call after :func:`nonblocking`."""
+    """``Wait`` of the requests of :func:`nonblocking` and :func:`persistent`: a method
+    whose C function makes the call that request started in C, completes its
+    generalized request and waits on it; ``python(self, *args)`` for every other
+    request and call. Call after :func:`nonblocking`."""
     if "nonblocking" not in _state:
         return python
     table = _state["holder"]
@@ -231,12 +269,19 @@ def completion(python: Callable[..., Any], pending: list[Any]) -> Any:
     status = np.zeros(_STATUS_BYTES, np.uint8)
     clear = pending.clear  # (a bound method: made anew at each lookup)
     own.kept = (table, clear, status)  # their addresses are in the cells
-    own[:W_PYTHON] = [table.ctypes.data, id(clear), id(True), status.ctypes.data,
-                      _HANDLE_OFFSET]  # fmt: skip
+    own[[W_TABLE, W_CLEAR, W_TRUE, W_STATUS]] = [table.ctypes.data, id(clear), id(True),
+                                                  status.ctypes.data]  # fmt: skip
+    return _method("Wait", python, own, _iwait)
+
+
+def _method(name: str, python: Callable[..., Any], own: _builtins.Holder, fn: Any) -> Any:
+    """A method whose builtin's cells are ``own``: ``python`` until :func:`defer` turns
+    the C functions on (``fn``'s)."""
     vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
     assert vectorcall is not None  # a C API function's address
-    builtin = _builtins.builtin("Wait", python.__doc__, __name__, own, vectorcall)
-    _state["completion"] = own
+    own.fn = fn
+    builtin = _builtins.builtin(name, python.__doc__, __name__, own, vectorcall)
+    _state.setdefault("methods of requests", []).append(own)
     bind = ctypes.pythonapi.PyInstanceMethod_New
     bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
     return bind(builtin)
@@ -258,10 +303,11 @@ def defer(sendbuf: Any, recvbuf: Any, op: Any, comm: Any) -> None:
         return
     if own.method.meth != compiled(_istart):  # the first such call: now the C ones
         begin = _progress._MPIX._begin_cells  # (the generalized requests' start)
-        own.kept += (begin,)
-        own[I_BEGIN] = begin.ctypes.data
-        own.method.meth = compiled(_istart)
-        _state["completion"].method.meth = compiled(_iwait)
+        own.fn = _istart
+        for cells in [own, *_state.get("methods of requests", [])]:
+            cells.kept += (begin,)
+            cells[I_BEGIN] = begin.ctypes.data
+            cells.method.meth = compiled(cells.fn)
     base = _HEADER + _WIDTH * slot(recvbuf, comm)
     item = holder.item
     if item(base + RECV) != id(recvbuf) or item(base + SEND) != id(sendbuf):
@@ -394,6 +440,7 @@ def warm() -> None:
     compiled(_counted_call)
     if _progress._MPIX.usable():  # (MPIX_Grequest_start: not every MPI has it)
         compiled(_istart)
+        compiled(_pstart)
         compiled(_iwait)
 
 
@@ -646,26 +693,58 @@ def _istart(holder, args, nargs, kwnames):
     if peek(table + 8 * DEFERRED) == 0:
         at, source, recv = _match(table, args, nargs, kwnames, 0)
         if at != 0 and peek(at + 8 * DEFER) != 0:
-            request = _started(own, table, at, peek(args), source, recv)
-            if request != _MISS:
+            request = py_vectorcall(peek(own + 8 * I_CLASS), 0, 0, 0)
+            if request == 0:  # (its exception set)
+                return 0
+            py_incref(request)  # (the started call's reference)
+            err = _started(own, table, at, peek(args), source, recv, request)
+            if err == 0:
                 return request
+            py_decref(request)
+            if err == 1:
+                return 0
+    return py_vectorcall(peek(own + 8 * I_PYTHON), args, nargs, kwnames)
+
+
+def _pstart(holder, args, nargs, kwnames):
+    """A persistent start's C function (see :func:`persistent`): ``args[0]`` is the
+    request."""
+    own = peek(holder + _DATA)
+    table = peek(own + 8 * I_TABLE)
+    if nargs == 1 and kwnames == 0 and peek(table + 8 * DEFERRED) == 0:
+        request, begin = peek(args), peek(own + 8 * I_BEGIN)
+        objects = peek(request + peek(own + 8 * P_OBJECTS))
+        handle = request + peek(begin + 8 * _B_OFFSET)
+        idle = (peek(handle) if peek(begin + 8 * _B_WIDE) else peek32(handle)) == peek(
+            own + 8 * P_NULL
+        )
+        if objects != 0 and idle:
+            pos = peek(objects + _DATA)
+            at, source, recv = _match(table, pos, 4, 0, 0)
+            if at != 0 and peek(at + 8 * DEFER) != 0:
+                py_incref(request)
+                err = _started(own, table, at, peek(pos), source, recv, request)
+                if err == 1:
+                    return 0
+                if err == 0:
+                    none = peek(table + 8 * NONE_OBJ)
+                    py_incref(none)
+                    return none
     return py_vectorcall(peek(own + 8 * I_PYTHON), args, nargs, kwnames)
 
 
 @numba.njit(cache=True)
-def _started(own, table, at, send, source, recv):
-    """A Request whose generalized request is started, its call (the entry at ``at``,
-    from ``source`` into ``recv``'s data; a counted call's own, uncounted: a
-    nonblocking call takes nothing off auto's lease) kept in its cells for its
-    completion to make; _MISS where no free cells were at hand (or MPI failed:
-    the Python start makes them, and raises), 0 with the exception set."""
+def _started(own, table, at, send, source, recv, request):
+    """Start the generalized request of ``request`` (a reference this takes over), its
+    call (the entry at ``at``, from ``source`` into ``recv``'s data; a counted
+    call's own, uncounted: a nonblocking call takes nothing off auto's lease) kept
+    in its cells for its completion to make: 0; _MISS where no free cells were at
+    hand (or MPI failed: the Python start makes them, and raises), 1 with the
+    exception set."""
     cells = peek(at + 8 * CELLS_AT)
     counted = peek(table + 8 * COUNTED)  # (0 until a counted call is made: CELL_FN 0 is MPI's)
     if counted != 0 and peek(cells + 8 * CELL_FN) == counted:
         cells = peek(cells + 8 * _INNER)
-    request = py_vectorcall(peek(own + 8 * I_CLASS), 0, 0, 0)
-    if request == 0:
-        return 0
     begin = peek(own + 8 * I_BEGIN)
     state = _pop_begin(peek(begin + 8 * _B_STACK), peek(begin + 8 * _B_FNS), request,
                        peek(begin + 8 * _B_OFFSET), peek(begin + 8 * _B_WIDE))  # fmt: skip
@@ -675,7 +754,7 @@ def _started(own, table, at, send, source, recv):
     appended = py_vectorcall(peek(own + 8 * I_APPEND), own + 8 * I_MARK, 1, 0)
     if appended == 0:  # (no memory left: the request stays started)
         py_decref(request)
-        return 0
+        return 1
     py_decref(appended)
     kept = peek(at + 8 * KEPT_OBJ)
     poke(state + 8 * REQ_RUN, cells)
@@ -683,11 +762,12 @@ def _started(own, table, at, send, source, recv):
     poke(state + 8 * REQ_RBUF, peek(recv + _DATA))
     poke(state + 8 * REQ_COUNT, peek(cells + 8 * CELL_COUNT))
     poke(state + 8 * REQ_RAISE, peek(at + 8 * FAILED))
-    for cell, obj in ((REQ_SELF, request), (REQ_RECV, recv), (REQ_SEND, send), (REQ_KEPT, kept)):
+    poke(state + 8 * REQ_SELF, request)
+    for cell, obj in ((REQ_RECV, recv), (REQ_SEND, send), (REQ_KEPT, kept)):
         py_incref(obj)
         poke(state + 8 * cell, obj)
     poke(table + 8 * DEFERRED, state)
-    return request
+    return 0
 
 
 def _iwait(holder, args, nargs, kwnames):
@@ -716,7 +796,7 @@ def _waited(own, table, state, err):
         py_decref(cleared)
     request = peek(state + 8 * REQ_SELF)
     _grequest_end(state, False)
-    mpi_wait(request + peek(own + 8 * W_OFFSET), peek(own + 8 * W_STATUS))
+    mpi_wait(request + peek(peek(own + 8 * W_BEGIN) + 8 * _B_OFFSET), peek(own + 8 * W_STATUS))
     answer = _answer(err, peek(own + 8 * W_TRUE), peek(state + 8 * REQ_RAISE), table + 8 * ERROR)
     for cell in (REQ_RECV, REQ_SEND, REQ_KEPT, REQ_SELF):
         py_decref(peek(state + 8 * cell))

@@ -112,8 +112,7 @@ _AUTO = ("auto", None, None, None)  # the keywords of a call the C table takes
 
 def _starts_in_c(started: Decided | None) -> bool:
     """Whether a nonblocking call of what ``started`` decided may start in C."""
-    return (started is not None and started.own and started.nonblocking
-            and _progress.deferrable(started.ctx))  # fmt: skip
+    return started is not None and started.own and _progress.deferrable(started.ctx)
 
 
 def remember(given: tuple, send, recv, count: int, make: Callable[[], Call],

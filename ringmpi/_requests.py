@@ -104,6 +104,10 @@ class Prequest(_progress.Completion, MPI.Prequest):
     and the like complete them beside MPI's own requests, except under
     ``progress="wait"`` with Open MPI (:mod:`ringmpi._progress`)."""
 
+    # The addresses of an all-reduce's sendbuf, recvbuf, op and comm (an int64 array),
+    # where its starts may be made in C (ringmpi._direct.persistent); unset otherwise.
+    __slots__ = ("_objects",)
+    _objects: np.ndarray
     _call: Prepared | None = None
     _library: Any = None  # the library's persistent request, once auto settled on it
 
@@ -124,6 +128,7 @@ class Prequest(_progress.Completion, MPI.Prequest):
         _progress.set_handle(self, library.handle)
 
     def Start(self) -> None:
+        _progress.settle()  # (this request's start made in C, if any: its job now)
         library = self._library
         if library is not None:  # the library's own request: it alone starts
             if _TRACES:
@@ -158,6 +163,7 @@ class Prequest(_progress.Completion, MPI.Prequest):
 
     def Free(self) -> None:
         """Release the request (completing a started call first)."""
+        _progress.settle()
         if self._job is not None:
             self.Wait()
         if self._library is not None:
@@ -191,19 +197,15 @@ class Decided(NamedTuple):
     own: bool  # ringmpi's run, not the library's request
     keywords: dict[str, Any]  # the blocking call's keywords that differ from auto
     ctx: Any  # the communicator's Context, where ringmpi's (its progress queue)
-    nonblocking: bool = False  # for Iallreduce, whose repeats may start in C
 
 
-def _decided(sendbuf: Any, recvbuf: Any, args: tuple, nonblocking: bool = False) -> Decided:
-    """What was checked and decided for a nonblocking (else persistent) all-reduce on
-    these very objects (``sendbuf`` MPI.IN_PLACE: in place; ``args``: (op, comm,
-    algorithm, validate, timeout, reproducible), op not None): remembered, or
-    checked now."""
+def _decided(sendbuf: Any, recvbuf: Any, args: tuple) -> Decided:
+    """What was checked and decided for a nonblocking or persistent all-reduce on these
+    very objects (``sendbuf`` MPI.IN_PLACE: in place; ``args``: (op, comm, algorithm,
+    validate, timeout, reproducible), op not None): remembered, or checked now."""
     entry = _repeat.found(sendbuf, recvbuf, args)
-    started = None if entry is None else entry.started
-    if started is not None and (started.nbytes, started.nonblocking) == (recvbuf.nbytes,
-                                                                         nonblocking):  # fmt: skip
-        return started
+    if entry is not None and entry.started is not None and entry.started.nbytes == recvbuf.nbytes:
+        return entry.started
     op, comm, algorithm, validate, timeout, reproducible = args
     call = _api._parse(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
     given = {"algorithm": algorithm, "validate": validate, "timeout": timeout,
@@ -217,10 +219,9 @@ def _decided(sendbuf: Any, recvbuf: Any, args: tuple, nonblocking: bool = False)
         assert call.recv is not None and call.red is not None
         assert isinstance(call.comm, MPI.Intracomm)
         own = _own(call.comm, call.nitems * call.recv.itemsize, op, algorithm, call.timeout,
-                   call.red, call.ordered, call.validate,
-                   nonblocking and arrays and args[2:] == _AUTO)  # fmt: skip
+                   call.red, call.ordered, call.validate, arrays and args[2:] == _AUTO)  # fmt: skip
         ctx = context(call.comm, call.timeout) if own else None
-    decided = Decided(-1, op, call.comm, call.timeout, own, keywords, ctx, nonblocking)
+    decided = Decided(-1, op, call.comm, call.timeout, own, keywords, ctx)
     if arrays:
         decided = decided._replace(nbytes=recvbuf.nbytes)
         _repeat.keep(sendbuf, recvbuf, args, decided)
@@ -308,7 +309,7 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
     """
     send = _IN_PLACE if sendbuf is None else sendbuf
     args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
-    decided = _decided(send, recvbuf, args, nonblocking=True)
+    decided = _decided(send, recvbuf, args)
     if not decided.own:  # the library's
         if _TRACES:
             _trace.record_call("mpi")
@@ -331,7 +332,7 @@ def _settle() -> None:
     args = (op, comm, *_AUTO)
     checked = check_comm(comm)
     ctx = context(checked)
-    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx, True)
+    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx)
     started = _Started(decided, send, recvbuf, args)
     job = _progress.Job(started.run, step=started.step)
     job.cells = cells
@@ -345,6 +346,13 @@ _progress.settle = _settle
 _python_iallreduce = Iallreduce
 Iallreduce = _direct.nonblocking(_python_iallreduce, _progress.Request, _progress.pending)
 _progress.Request.Wait = _direct.completion(  # type: ignore[method-assign]
+    _progress.Completion.Wait, _progress.pending
+)
+_python_start = Prequest.Start
+Prequest.Start = _direct.persistent(  # type: ignore[method-assign]
+    _python_start, _direct.slot_offset(Prequest, "_objects"), _progress.pending
+)
+Prequest.Wait = _direct.completion(  # type: ignore[method-assign]
     _progress.Completion.Wait, _progress.pending
 )
 
@@ -381,8 +389,15 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     algorithm or the library's persistent request); the arrays' contents may change
     between completions and the next start. See :class:`~ringmpi.Prequest`.
     """
-    return Prequest.made(_allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout,
-                                    reproducible))  # fmt: skip
+    call = _allreduce(sendbuf, recvbuf, op, comm, algorithm, validate, timeout, reproducible)
+    request = Prequest.made(call)
+    send, op = (_IN_PLACE if sendbuf is None else sendbuf), (MPI.SUM if op is None else op)
+    if (call.run is not None and (algorithm, validate, timeout, reproducible) == _AUTO
+            and isinstance(recvbuf, np.ndarray)
+            and (send is _IN_PLACE or isinstance(send, np.ndarray))):  # fmt: skip
+        # (the call's run keeps the objects: their addresses stay theirs)
+        request._objects = np.array([id(send), id(recvbuf), id(op), id(comm)], np.int64)
+    return request
 
 
 def _half(name: str, comm: Any, algorithm: str, call: Prepared | None,

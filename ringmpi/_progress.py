@@ -276,7 +276,8 @@ class Completion:
         # computation runs from cold caches, and each call of Python costs there
         job = self._job
         if job is None:
-            settle()
+            if pending:  # (a call started in C marks it)
+                settle()
             job = self._job
         if job is not None:
             queue = job.queue
@@ -298,7 +299,8 @@ class Completion:
     def Test(self, status: MPI.Status | None = None) -> bool:
         job = self._job
         if job is None:
-            settle()
+            if pending:  # (a call started in C marks it)
+                settle()
             job = self._job
         if job is not None and not progressed(job):
             return False
@@ -406,7 +408,8 @@ class Progress:
 
     def drain(self) -> None:
         """Return once every call queued so far has run (not from the thread itself)."""
-        settle()
+        if pending:  # (a call started in C marks it)
+            settle()
         if not self._pending or self._carrying():
             return  # (the calls queued after the running one wait for it)
         if not self.threaded:
@@ -501,7 +504,8 @@ class Progress:
 
     def free(self) -> None:
         """Run what is queued, then end the thread."""
-        settle()
+        if pending:  # (a call started in C marks it)
+            settle()
         if not self.threaded:
             self._run_queued(None)
             return
@@ -649,7 +653,8 @@ def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
     """Queue ``job`` on ``ctx``'s progress queue (made on first use); returns its
     request (``into``, a :class:`Completion`, where given), or None when ``request``
     is False (``job.then`` reports instead)."""
-    settle()
+    if pending:  # (a call started in C marks it)
+        settle()
     progress = queue(ctx)
     req = None
     if request:
@@ -883,7 +888,8 @@ class _Mpix:
         handed to its queue first)."""
         job = self._jobs.get(address or 0)
         if job is None:
-            settle()
+            if pending:  # (a call started in C marks it)
+                settle()
             job = self._jobs.get(address or 0)
         return job
 

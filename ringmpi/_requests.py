@@ -51,7 +51,7 @@ def own_from_bytes() -> int:
     return _own_from[0]
 
 
-_TRACES, _IN_PLACE = _trace._active, MPI.IN_PLACE
+_TRACES, _IN_PLACE, _PENDING = _trace._active, MPI.IN_PLACE, _progress.pending
 
 
 def _own(comm: MPI.Intracomm, nbytes: int, op: Any, algorithm: str, timeout: float,
@@ -128,7 +128,8 @@ class Prequest(_progress.Completion, MPI.Prequest):
         _progress.set_handle(self, library.handle)
 
     def Start(self) -> None:
-        _progress.settle()  # (this request's start made in C, if any: its job now)
+        if _PENDING:  # this request's start made in C, if any: its job now
+            _progress.settle()
         library = self._library
         if library is not None:  # the library's own request: it alone starts
             if _TRACES:
@@ -163,7 +164,8 @@ class Prequest(_progress.Completion, MPI.Prequest):
 
     def Free(self) -> None:
         """Release the request (completing a started call first)."""
-        _progress.settle()
+        if _PENDING:
+            _progress.settle()
         if self._job is not None:
             self.Wait()
         if self._library is not None:

@@ -23,6 +23,12 @@ call is queued (which a repeat would overtake). Entries are
 forgotten with the API's remembered calls when a communicator is freed or
 broken off (``_cache.changed``).
 
+A nonblocking or persistent all-reduce on the objects of a remembered call,
+carried out by the completion calls, starts in C the same way (:func:`nonblocking`,
+:func:`persistent`): its generalized request started, the call kept in the
+request's cells until its ``Wait`` makes it in C (:func:`completion`), or until
+anything else on the way hands it to its queue (:func:`take_deferred`).
+
 This needs CPython with the GIL (the GIL guards the table; the field offsets,
 in :mod:`ringmpi._builtins`, are checked on a real array first). Elsewhere ``ringmpi.Allreduce`` is
 the Python function itself, and only this shortcut is missing.

@@ -152,10 +152,8 @@ def entry(python: Callable[..., Any]) -> Callable[..., Any]:
     ]
     # The keywords a call may name (a call site's names are interned, as these are).
     holder[[OP_NAME, COMM_NAME]] = [id(sys.intern("op")), id(sys.intern("comm"))]
-    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
-    assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
     doc = _text_signature(python) + (python.__doc__ or "")
-    builtin = _builtins.builtin(python.__name__, doc, python.__module__, holder, vectorcall)
+    builtin = _builtins.builtin(python.__name__, doc, python.__module__, holder, _vectorcall())
     _state.update(holder=holder, builtin=builtin, methods=[], entry=builtin)
     _cache.derived(_Entries())
     return builtin
@@ -178,13 +176,24 @@ def method(python: Callable[..., Any]) -> Any:
     own = _builtins.holder(M_PYTHON + 1, python, M_PYTHON, M_PYTHON)
     own[M_TABLE] = table.ctypes.data
     own.table = table  # kept: its address is in the cells
-    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
-    assert vectorcall is not None  # a C API function's address
+    vectorcall = _vectorcall()
     if table.method.meth != vectorcall:  # calls are remembered already
         vectorcall = compiled(_call_method)
     doc = _text_signature(python) + (python.__doc__ or "")
-    builtin = _builtins.builtin(python.__name__, doc, python.__module__, own, vectorcall)
     _state["methods"].append(own)
+    return _bound(_builtins.builtin(python.__name__, doc, python.__module__, own, vectorcall))
+
+
+def _vectorcall() -> int:
+    """PyObject_Vectorcall's address: a builtin's C function that hands every call to
+    its cells' Python function (until its own C function is turned on)."""
+    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
+    assert vectorcall is not None  # a C API function's address (c_void_p: None for NULL)
+    return vectorcall
+
+
+def _bound(builtin: Any) -> Any:
+    """``builtin`` as a method: its first argument the object it is looked up on."""
     bind = ctypes.pythonapi.PyInstanceMethod_New
     bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
     return bind(builtin)
@@ -223,12 +232,9 @@ def nonblocking(python: Callable[..., Any], request: type, pending: list[Any]) -
     own.kept = (table, request, append)  # their addresses are in the cells
     own[[I_TABLE, I_CLASS, I_APPEND, I_MARK]] = [table.ctypes.data, id(request), id(append),
                                                   id(_MARK)]  # fmt: skip
-    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
-    assert vectorcall is not None  # a C API function's address
     doc = _text_signature(python) + (python.__doc__ or "")
-    builtin = _builtins.builtin(python.__name__, doc, python.__module__, own, vectorcall)
     _state["nonblocking"] = own
-    return builtin
+    return _builtins.builtin(python.__name__, doc, python.__module__, own, _vectorcall())
 
 
 def persistent(python: Callable[..., Any], objects: int, pending: list[Any]) -> Any:
@@ -283,14 +289,9 @@ def completion(python: Callable[..., Any], pending: list[Any]) -> Any:
 def _method(name: str, python: Callable[..., Any], own: _builtins.Holder, fn: Any) -> Any:
     """A method whose builtin's cells are ``own``: ``python`` until :func:`defer` turns
     the C functions on (``fn``'s)."""
-    vectorcall = ctypes.cast(ctypes.pythonapi.PyObject_Vectorcall, ctypes.c_void_p).value
-    assert vectorcall is not None  # a C API function's address
     own.fn = fn
-    builtin = _builtins.builtin(name, python.__doc__, __name__, own, vectorcall)
     _state.setdefault("methods of requests", []).append(own)
-    bind = ctypes.pythonapi.PyInstanceMethod_New
-    bind.restype, bind.argtypes = ctypes.py_object, [ctypes.py_object]
-    return bind(builtin)
+    return _bound(_builtins.builtin(name, python.__doc__, __name__, own, _vectorcall()))
 
 
 # What a nonblocking call started in C puts in ringmpi._progress.pending (which it

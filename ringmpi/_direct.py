@@ -333,12 +333,11 @@ def take_deferred() -> tuple | None:
         return None
     state = int(holder[DEFERRED])
     holder[DEFERRED] = 0
-    cells = np.ctypeslib.as_array(ctypes.cast(state, ctypes.POINTER(ctypes.c_int64)),
-                                  (REQ_RAISE + 1,))  # fmt: skip
-    held = [ctypes.cast(int(cells[at]), ctypes.py_object).value
-            for at in (REQ_SELF, REQ_SEND, REQ_RECV, REQ_KEPT)]  # fmt: skip
+    held = []
     for at in (REQ_SELF, REQ_SEND, REQ_RECV, REQ_KEPT):
-        ctypes.pythonapi.Py_DecRef(ctypes.c_void_p(int(cells[at])))
+        address = ctypes.c_int64.from_address(state + 8 * at).value
+        held.append(ctypes.cast(address, ctypes.py_object).value)  # (a reference of its own)
+        ctypes.pythonapi.Py_DecRef(ctypes.c_void_p(address))  # (the cells')
     _progress.pending.clear()
     request, send, recv, (_refs, op, comm, _settings_then, _call_kept) = held
     return state, request, send, recv, op, comm

@@ -35,7 +35,7 @@ from ._buffers import _as_array, _kind
 from ._cache import Bounded
 from ._comm import check_comm, not_running, ready, running
 from ._errors import UnsupportedError
-from ._progress import Prepared
+from ._progress import Job
 from .algorithms import registry
 from .kernels import AVG, reduction
 
@@ -102,7 +102,7 @@ def Allgather(sendbuf: Any, recvbuf: Any, comm: MPI.Intracomm | None = None, *,
 
 def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: Any, op: Any,
                            comm: Any, algorithm: str, timeout: float | None,
-                           started: bool = False) -> Prepared | None:  # fmt: skip
+                           started: bool = False) -> Job | None:  # fmt: skip
     """The reduce-scatter checked once (bad input raises here, before any message),
     ready to run as often as wanted (a persistent request's starts); ``started``: with
     its step finder too (a nonblocking or persistent call's). None: the library's
@@ -162,7 +162,7 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
             _scatter_out(recv, out)
 
     if not started:
-        return Prepared(name, comm, waits, run, nbytes=given.nbytes, ctx=ctx)
+        return Job(run, name=name, comm=comm, ctx=ctx, timeout=waits, nbytes=given.nbytes)
 
     def step() -> Callable[[bool], bool | None] | None:
         found = _step(record, "reduce_scatter", given.nbytes, red, ctx, waits, counts)
@@ -171,11 +171,12 @@ def prepare_reduce_scatter(block: bool, sendbuf: Any, recvbuf: Any, recvcounts: 
         src = source if source is not None else np.ascontiguousarray(given).reshape(-1)
         return _stepping(found, out, src, None if straight else (_scatter_out, recv, out))
 
-    return Prepared(name, comm, waits, run, nbytes=given.nbytes, step=step, ctx=ctx)
+    return Job(run, None, step, name=name, comm=comm, ctx=ctx, timeout=waits,
+               nbytes=given.nbytes)  # fmt: skip
 
 
 def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
-                      timeout: float | None, started: bool = False) -> Prepared | None:  # fmt: skip
+                      timeout: float | None, started: bool = False) -> Job | None:  # fmt: skip
     """The all-gather checked once, as :func:`prepare_reduce_scatter`."""
     checked = _check("Allgather", algorithm, timeout, comm)
     if checked is None:
@@ -209,7 +210,7 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
             _gather_out(recv, work)
 
     if not started:
-        return Prepared("Allgather", comm, waits, run, nbytes=recv.nbytes, ctx=ctx)
+        return Job(run, name="Allgather", comm=comm, ctx=ctx, timeout=waits, nbytes=recv.nbytes)
 
     def step() -> Callable[[bool], bool | None] | None:
         found = _step(record, "allgather", work.nbytes, _BYTES, ctx, waits, counts)
@@ -218,7 +219,8 @@ def prepare_allgather(sendbuf: Any, recvbuf: Any, comm: Any, algorithm: str,
         _gather_in(work, recv, send, straight, r * block)
         return _stepping(found, work, work, None if straight else (_gather_out, recv, work))
 
-    return Prepared("Allgather", comm, waits, run, nbytes=recv.nbytes, step=step, ctx=ctx)
+    return Job(run, None, step, name="Allgather", comm=comm, ctx=ctx, timeout=waits,
+               nbytes=recv.nbytes)  # fmt: skip
 
 
 def _named(name: str, algorithm: str) -> registry.Algorithm | None:

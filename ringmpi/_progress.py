@@ -57,9 +57,9 @@ from ._capi import (
 )
 from ._comm import context
 
-__all__ = ["Completion", "Job", "Prepared", "Progress", "Request", "completed", "finish",
-           "in_job", "mode", "own_cores", "progressed", "set_handle", "spare_core", "start",
-           "threaded", "threads_allowed", "warm"]  # fmt: skip
+__all__ = ["Completion", "Job", "Progress", "Request", "completed", "finish", "in_job", "mode",
+           "own_cores", "progressed", "set_handle", "spare_core", "threaded", "threads_allowed",
+           "warm"]  # fmt: skip
 
 
 # The calls queued or running, on every communicator: a remembered call repeats
@@ -130,24 +130,47 @@ def _poll(counts, at, target, ns):
     return True
 
 
+def _no_library(persistent: bool) -> Any:
+    raise RuntimeError("this call has no request of the library's: ringmpi's own runs it")
+
+
 class Job:
-    """One queued call: ``run()``, then ``then(job)`` if given, then its request
-    completed. A call that can stop at a wait has a ``step`` too, which finds (at
-    the first test) its ``step(wait)``: a test carries it on with ``step(False)``
-    as far as it goes without waiting for another rank, a wait to its end with
-    ``step(True)``. A start does no work: on a core that computes meanwhile, work
-    done at the start is moved, not hidden, and costs the start its speed."""
+    """A collective checked once, by a blocking, nonblocking or persistent call, and
+    carried out each time it is started (:meth:`start`): ``run()`` carries it out on
+    the buffers' contents at the time, then ``then(job)`` if given, then its request
+    completes. Where ``run`` is None, ``library(persistent)`` makes the library's own
+    request for it (its ``*_init`` or its nonblocking call). A call that can stop at
+    a wait has ``find`` too, which finds (at the first test) its ``step(wait)``: a
+    test carries it on with ``step(False)`` as far as it goes without waiting for
+    another rank, a wait to its end with ``step(True)``. A start does no work: on a
+    core that computes meanwhile, work done at the start is moved, not hidden, and
+    costs the start its speed. ``nbytes`` is what auto's choice goes by."""
 
-    __slots__ = ("cells", "complete", "done", "error", "number", "queue", "reported", "run",
-                 "step", "stepped", "then", "traces")  # fmt: skip
+    __slots__ = ("cells", "comm", "complete", "ctx", "done", "error", "find", "library", "name",
+                 "nbytes", "number", "queue", "reported", "run", "settled", "step", "stepped",
+                 "then", "timeout", "traces")  # fmt: skip
 
-    def __init__(self, run: Callable[[], Any], then: Callable[[Job], None] | None = None,
-                 step: Callable[[], Any] | None = None):  # fmt: skip
-        self.run: Callable[[], Any] | None = run
+    def __init__(self, run: Callable[[], Any] | None, then: Callable[[Job], None] | None = None,
+                 find: Callable[[], Any] | None = None, *, name: str = "", comm: Any = None,
+                 ctx: Any = None, timeout: float = 0.0,
+                 library: Callable[[bool], Any] = _no_library, nbytes: int = 0):  # fmt: skip
+        self.run = run  # ringmpi's call, None where it is the library's
         self.then = then
-        # step() -> step(wait) -> whether done, or None: no step for its arrays (run
-        # carries it out); once begun (stepped), step(wait) itself
-        self.step: Any = step
+        self.find = find  # () -> step(wait) -> whether done, or None: no step for its arrays
+        self.name = name  # the collective, as MPI names it
+        self.comm = comm  # the user's communicator
+        self.ctx = ctx  # the communicator's Context, once known
+        self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
+        self.library = library
+        self.nbytes = nbytes
+        # Whether auto's tuner has settled this call on the library's own collective
+        # (a persistent request then starts the library's), where it can tell.
+        self.settled: Callable[[], bool] | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        """Ready for a start: what one start and its completion leave."""
+        self.step: Any = self.find  # once begun (stepped), step(wait) itself
         self.stepped = False  # begun by step: step alone carries it on
         # a trace counts the calls started inside it
         self.traces = _trace.open_here() if _TRACES else _NO_TRACES
@@ -159,6 +182,40 @@ class Job:
         self.queue: Progress | None = None  # where it is queued
         self.number = 0  # its place in a threaded queue (1, 2, ...)
 
+    @overload
+    def start(self, into: Any = ..., request: Literal[True] = ..., cells: int = ...
+              ) -> Request: ...  # fmt: skip
+    @overload
+    def start(self, into: Any, request: bool, cells: int = ...) -> Request | None: ...
+    def start(self, into: Any = None, request: bool = True, cells: int = 0) -> Any:
+        """Queue the call on its communicator's progress queue (made on first use);
+        returns its request (``into``, a :class:`Completion`, where given; ``cells``:
+        the generalized request already begun into it, in C), or None when
+        ``request`` is False (``then`` reports instead)."""
+        if pending and not cells:  # (a call started in C marks it)
+            settle()
+        ctx = self.ctx
+        if ctx is None:
+            ctx = self.ctx = context(self.comm, self.timeout)
+        if self.queue is not None or self.traces or _TRACES:  # (started before, or traced)
+            self._arm()
+        progress = queue(ctx)
+        req = None
+        if request:
+            req = Request() if into is None else into
+            if cells:
+                self.cells = cells
+                _MPIX._jobs[cells] = self
+            elif not _MPIX.usable():
+                greq = MPI.Grequest.Start(self.query)
+                self.complete = greq.Complete
+                set_handle(req, greq.handle)
+            else:
+                _MPIX.start(self, req)
+            req._job = self
+        progress.submit(self)
+        return req
+
     def execute(self) -> None:
         queue = self.queue
         if queue is not None and not queue.threaded and pending[0] is self:
@@ -167,8 +224,8 @@ class Job:
             pending.pop(0)
             queue = None
         try:
-            assert self.run is not None  # a job runs once
             call = self.run
+            assert call is not None  # (the library's call is the library's request)
             if self.stepped:
                 call = self._to_end
             elif queue is not None and self.step is not None and not self.traces and not _TRACES:
@@ -197,7 +254,7 @@ class Job:
 
     def ended(self, pending_still: bool) -> None:
         """Done: out of ``pending`` (where it still is), its request completed."""
-        self.run = self.step = None  # the arrays go as soon as the call is done
+        self.step = None
         if pending_still:
             pending.remove(self)
         self.done = True
@@ -206,6 +263,7 @@ class Job:
         if self.complete is not None:
             self.complete()
         elif self.cells:
+            _MPIX._jobs.pop(self.cells, None)  # (only its request holds it now)
             _grequest_end(self.cells, self.error is not None and not self.reported)
 
     def report_here(self) -> None:
@@ -219,49 +277,6 @@ class Job:
         so that MPI's own completion calls (Waitall) report it."""
         if self.error is not None and not self.reported:
             raise self.error
-
-
-def _no_library(persistent: bool) -> Any:
-    raise RuntimeError("this call has no request of the library's: ringmpi's own runs it")
-
-
-class Prepared:
-    """A collective checked and made ready once, by the blocking call or a nonblocking
-    or persistent one: ``run()`` carries it out with ringmpi's algorithm on the
-    buffers' contents at the time, as often as called; ``step()`` finds, for a
-    started call, ``step(wait)`` where the algorithm ``run`` carries out can stop at
-    a wait (else None: a Test carries it on with ``step(False)`` as far as it goes
-    without waiting for another rank, a Wait to its end). Where ``run`` is None,
-    ``library(persistent)`` makes the library's own request for it (its ``*_init``
-    or its nonblocking call). ``nbytes`` is what auto's choice goes by."""
-
-    __slots__ = ("comm", "ctx", "library", "name", "nbytes", "run", "settled", "step",
-                 "timeout")  # fmt: skip
-
-    def __init__(self, name: str, comm: Any, timeout: float, run: Callable[[], None] | None,
-                 library: Callable[[bool], Any] = _no_library, nbytes: int = 0,
-                 step: Callable[[], Callable[[bool], bool | None] | None] | None = None,
-                 ctx: Any = None) -> None:  # fmt: skip
-        self.name = name  # the collective, as MPI names it
-        self.comm = comm  # the user's communicator
-        self.timeout = timeout  # seconds a rank waits without progress (0: for ever)
-        self.run = run  # ringmpi's call, None where it is the library's
-        self.library = library
-        self.nbytes = nbytes
-        self.step = step
-        self.ctx = ctx  # the communicator's Context, once known
-        # Whether auto's tuner has settled this call on the library's own collective
-        # (a start then starts the library's persistent request), where it can tell.
-        self.settled: Callable[[], bool] | None = None
-
-    def start(self, into: Any = None) -> Request:
-        """Queue ringmpi's call on the communicator's progress queue: its request
-        (``into``, where given) completes when it is done."""
-        assert self.run is not None
-        ctx = self.ctx
-        if ctx is None:
-            ctx = self.ctx = context(self.comm, self.timeout)
-        return start(ctx, Job(self.run, step=self.step), into=into)
 
 
 class Completion:
@@ -643,31 +658,6 @@ def queue(ctx) -> Progress:
         threaded = mode(ctx) == "thread"
         progress = ctx.progress = Progress(threaded, poll=threaded and spare_core(ctx))
     return progress
-
-
-@overload
-def start(ctx, job: Job, request: Literal[True] = ..., into: Any = ...) -> Request: ...
-@overload
-def start(ctx, job: Job, request: bool, into: Any = ...) -> Request | None: ...
-def start(ctx, job: Job, request: bool = True, into: Any = None) -> Any:
-    """Queue ``job`` on ``ctx``'s progress queue (made on first use); returns its
-    request (``into``, a :class:`Completion`, where given), or None when ``request``
-    is False (``job.then`` reports instead)."""
-    if pending:  # (a call started in C marks it)
-        settle()
-    progress = queue(ctx)
-    req = None
-    if request:
-        req = Request() if into is None else into
-        if not _MPIX.usable():
-            greq = MPI.Grequest.Start(job.query)
-            job.complete = greq.Complete
-            set_handle(req, greq.handle)
-        else:
-            _MPIX.start(job, req)
-        req._job = job
-    progress.submit(job)
-    return req
 
 
 # mpi4py's C API: the address of a Request object's MPI_Request handle.

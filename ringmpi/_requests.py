@@ -1,7 +1,7 @@
 """Nonblocking and persistent collectives: one prepared call, started and completed.
 
-A call is prepared once from checked arguments (:class:`ringmpi._progress.Prepared`,
-as the blocking halves prepare theirs): either the MPI library's own
+A call is prepared once from checked arguments (:class:`ringmpi._progress.Job`, as
+the blocking halves prepare theirs): either the MPI library's own
 persistent request (small buffers, which the library's log-depth call serves
 best; what ringmpi cannot reduce; MPI without MPI_THREAD_MULTIPLE), or a
 ringmpi algorithm that each start queues on the communicator's progress
@@ -23,7 +23,7 @@ from mpi4py import MPI
 from . import _api, _direct, _halves, _progress, _repeat, _settings, _trace, algorithms
 from ._comm import check_comm, context
 from ._errors import RingMPIError
-from ._progress import Prepared
+from ._progress import Job
 from .kernels import AVG, Reduction
 
 __all__ = ["Allgather_init", "Allreduce_init", "Iallgather", "Iallreduce", "Ireduce_scatter",
@@ -108,11 +108,11 @@ class Prequest(_progress.Completion, MPI.Prequest):
     # where its starts may be made in C (ringmpi._direct.persistent); unset otherwise.
     __slots__ = ("_objects",)
     _objects: np.ndarray
-    _call: Prepared | None = None
+    _call: Job | None = None
     _library: Any = None  # the library's persistent request, once auto settled on it
 
     @classmethod
-    def made(cls, call: Prepared) -> Prequest:
+    def made(cls, call: Job) -> Prequest:
         """The persistent request of ``call``: one of these, which starts the library's
         own persistent request where it is the library's call."""
         request = cls()
@@ -175,7 +175,7 @@ class Prequest(_progress.Completion, MPI.Prequest):
         self._call = None
 
 
-def started(call: Prepared) -> MPI.Request:
+def started(call: Job) -> MPI.Request:
     """Start ``call`` once: its request (a nonblocking collective)."""
     if call.run is None:
         if _trace._active:
@@ -230,27 +230,21 @@ def _decided(sendbuf: Any, recvbuf: Any, args: tuple) -> Decided:
     return decided
 
 
-class _Started:
-    """ringmpi's call of ``decided`` on these objects: ``run()`` carries it out as the
-    blocking call given (where it repeats, the arrays' checks and auto's choice are
-    remembered, and it runs from C); ``step()`` finds its step (:func:`_step`)."""
-
-    __slots__ = ("args", "decided", "recv", "send")
-
-    def __init__(self, decided: Decided, sendbuf: Any, recvbuf: Any, args: tuple) -> None:
-        self.decided, self.send, self.recv, self.args = decided, sendbuf, recvbuf, args
-
-    def run(self) -> None:
-        _api.Allreduce(self.send, self.recv, self.decided.op, self.args[1],
-                       **self.decided.keywords)  # fmt: skip
-
-    def step(self) -> Callable[[bool], bool | None] | None:
-        return _step(self.send, self.recv, self.args)
+def _job(decided: Decided, sendbuf: Any, recvbuf: Any, args: tuple,
+         then: Callable[[Job], None] | None = None) -> Job:  # fmt: skip
+    """ringmpi's call of ``decided`` on these objects: carried out as the blocking call
+    given (where it repeats, the arrays' checks and auto's choice are remembered, and
+    it runs from C); its step that of the call remembered for them (:func:`_step`)."""
+    run = functools.partial(_api.Allreduce, sendbuf, recvbuf, decided.op, args[1],
+                            **decided.keywords)  # fmt: skip
+    return Job(run, then, functools.partial(_step, sendbuf, recvbuf, args), name="Allreduce",
+               comm=decided.comm, ctx=decided.ctx, timeout=decided.timeout,
+               nbytes=decided.nbytes)  # fmt: skip
 
 
 def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
                validate: bool | None, timeout: float | None,
-               reproducible: bool | None) -> Prepared:  # fmt: skip
+               reproducible: bool | None) -> Job:  # fmt: skip
     send = _IN_PLACE if sendbuf is None else sendbuf
     args = (MPI.SUM if op is None else op, comm, algorithm, validate, timeout, reproducible)
     decided = _decided(send, recvbuf, args)
@@ -259,11 +253,11 @@ def _allreduce(sendbuf: Any, recvbuf: Any, op: Any, comm: Any, algorithm: str,
         make = MPI.Comm.Allreduce_init if persistent else MPI.Comm.Iallreduce
         return make(decided.comm, send, recvbuf, decided.op)
 
-    call = Prepared("Allreduce", decided.comm, decided.timeout, None, library)
     if decided.own:
-        started = _Started(decided, send, recvbuf, args)
-        call.run, call.step = started.run, started.step
-    call.ctx = decided.ctx
+        call = _job(decided, send, recvbuf, args)
+    else:
+        call = Job(None, name="Allreduce", comm=decided.comm, timeout=decided.timeout)
+    call.library = library
     return call
 
 
@@ -316,8 +310,7 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, comm: MPI.Intracom
         if _TRACES:
             _trace.record_call("mpi")
         return MPI.Comm.Iallreduce(decided.comm, send, recvbuf, decided.op)
-    started = _Started(decided, send, recvbuf, args)
-    return _progress.start(decided.ctx, _progress.Job(started.run, step=started.step))
+    return _job(decided, send, recvbuf, args).start()
 
 
 _AUTO = _repeat._AUTO  # the keywords of a call the C table takes
@@ -331,16 +324,9 @@ def _settle() -> None:
     if taken is None:
         return
     cells, request, send, recvbuf, op, comm = taken
-    args = (op, comm, *_AUTO)
     checked = check_comm(comm)
-    ctx = context(checked)
-    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, ctx)
-    started = _Started(decided, send, recvbuf, args)
-    job = _progress.Job(started.run, step=started.step)
-    job.cells = cells
-    _progress._MPIX._jobs[cells] = job
-    request._job = job
-    _progress.queue(ctx).submit(job)
+    decided = Decided(recvbuf.nbytes, op, checked, 0.0, True, {}, context(checked))
+    _job(decided, send, recvbuf, (op, comm, *_AUTO)).start(request, cells=cells)
 
 
 # Iallreduce's repeats start in C, and their requests' Wait completes them there.
@@ -375,9 +361,7 @@ def start(recvbuf: Any, op: Any, comm: MPI.Intracomm | None, then: Callable[[Any
         else:
             then(None)
         return
-    started = _Started(decided, _IN_PLACE, recvbuf, args)
-    _progress.start(decided.ctx, _progress.Job(started.run, lambda job: then(job.error),
-                                            step=started.step), request=False)  # fmt: skip
+    _job(decided, _IN_PLACE, recvbuf, args, lambda job: then(job.error)).start(None, False)
 
 
 def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
@@ -402,13 +386,13 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM,
     return request
 
 
-def _half(name: str, comm: Any, algorithm: str, call: Prepared | None,
-          library: Callable[[bool], Any], op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+def _half(name: str, comm: Any, algorithm: str, call: Job | None,
+          library: Callable[[bool], Any], op: Any = MPI.SUM) -> Job:  # fmt: skip
     """A reduce-scatter or all-gather prepared (``call``, checked once as the blocking
     call checks it, so that a start runs it with no checks): ringmpi's where it pays
     (:func:`_own`), else the library's request (``library``)."""
     if call is None:  # an inter-communicator, or what ringmpi cannot reduce
-        return Prepared(name, comm, 0.0, None, library)
+        return Job(None, name=name, comm=comm, library=library)
     call.library = library
     if not _own(check_comm(call.comm), call.nbytes, op, algorithm, call.timeout):
         call.run = None
@@ -431,7 +415,7 @@ def _library(name: str, comm: Any, *args: Any) -> Callable[[bool], Any]:
     return lambda persistent: (_PERSISTENT if persistent else _NONBLOCKING)[name](comm, *args)
 
 
-def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
+def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Job:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter_block"
     ready = _halves.prepare_reduce_scatter(True, send, recvbuf, None, op, comm, algorithm,
@@ -440,7 +424,7 @@ def _rsb(sendbuf, recvbuf, op, comm, algorithm, timeout) -> Prepared:
     return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
-def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
+def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Job:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     name = "Reduce_scatter"
     ready = _halves.prepare_reduce_scatter(False, send, recvbuf, recvcounts, op, comm, algorithm,
@@ -450,15 +434,15 @@ def _rs(sendbuf, recvbuf, recvcounts, op, comm, algorithm, timeout) -> Prepared:
     return _settles(call, algorithm, comm, send, recvbuf, op)
 
 
-def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Prepared:
+def _allgather(sendbuf, recvbuf, comm, algorithm, timeout) -> Job:
     send = MPI.IN_PLACE if sendbuf is None else sendbuf
     ready = _halves.prepare_allgather(send, recvbuf, comm, algorithm, timeout, started=True)
     call = _half("Allgather", comm, algorithm, ready, _library("Allgather", comm, send, recvbuf))
     return _settles(call, algorithm, comm, None, recvbuf)
 
 
-def _settles(call: Prepared, algorithm: str, comm: Any, sendbuf: Any, recvbuf: Any,
-             op: Any = MPI.SUM) -> Prepared:  # fmt: skip
+def _settles(call: Job, algorithm: str, comm: Any, sendbuf: Any, recvbuf: Any,
+             op: Any = MPI.SUM) -> Job:  # fmt: skip
     """``call``, told how to see that auto's tuner settled it on the library's call (as
     the blocking half asks first: the all-gather by its ``recvbuf``)."""
     if call.run is not None and algorithm == "auto":

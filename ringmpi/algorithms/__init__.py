@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _engine, _progress, _settings, tuning
+from .._cache import Bounded
 from .._comm import Context
 from ..kernels import Reduction
 
@@ -174,12 +175,7 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
         pool = [a for a in pool if a.keeps_order]
     else:
         pool = [a for a in pool if a.auto]
-    costs = tuning.load(per_node)
-    # Ranked by the model, the first of equals first (as tuning.choose).
-    ranked = sorted(
-        (a for a in pool if a.terms is not None),
-        key=lambda a: tuning.predict(costs, a, nbytes, ctx.size, nodes, per_node),
-    )
+    ranked = _ranked(pool, tuning.load(per_node), settings, nbytes, ctx.size, nodes, per_node)
     if not ranked:  # a half's half types off one node: the library's call
         return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose
@@ -194,6 +190,26 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     if len(shortlist) == 1:
         return ranked[0]
     return _Trying(_tuner.tuner(ctx, settings, nodes, per_node), shortlist, library)
+
+
+def _ranked(pool: list[Algorithm], costs: tuning.Costs, settings, nbytes: int, p: int,
+            nodes: int, per_node: int) -> list[Algorithm]:  # fmt: skip
+    """``pool``'s modelled records ranked by the model, the first of equals first (as
+    tuning.choose): worked out once per process for each size, layout, settings and
+    pool (a record's prediction costs microseconds; every communicator's first call
+    of a size asks)."""
+    key = (tuple(map(id, pool)), costs, settings, nbytes, p, nodes, per_node)
+    found = _RANKINGS.get(key)
+    if found is None:
+        ranked = sorted(
+            (a for a in pool if a.terms is not None),
+            key=lambda a: tuning.predict(costs, a, nbytes, p, nodes, per_node),
+        )
+        found = _RANKINGS.put(key, (ranked, pool))  # (the pool kept: its ids stay its own)
+    return list(found[0])
+
+
+_RANKINGS: Bounded[tuple, tuple[list[Algorithm], list[Algorithm]]] = Bounded(1024)
 
 
 def shortlist_of(ranked: list[Algorithm]) -> list[Algorithm]:

@@ -226,7 +226,10 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     call run once on a duplicate of ``comm`` (freed after, with its window; not
     inside a trace), so that a program's first call on any communicator pays
     only for that communicator (its duplicate, its window), not for Python run
-    the first time in the process. ``timeout``: as for :func:`Allreduce`.
+    the first time in the process; and, once per process and layout, auto's
+    candidates and the library's call are timed on buffers of 16 MiB that do not
+    sit in the cache (a tenth of a second or so), which auto's choice from that
+    size goes by. ``timeout``: as for :func:`Allreduce`.
     Returns the slowest rank's seconds of loading.
     """
     comm = check_comm(comm)
@@ -245,7 +248,8 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
 def _rehearse(comm: MPI.Intracomm, red: Reduction, op: Any, timeout: float) -> None:
     """Auto's first call, its repeats and a nonblocking call of ringmpi's own, on a
     duplicate of ``comm`` freed after: the tuner off (nothing of a size class is
-    tried or counted), the model's best running."""
+    tried or counted), the model's best running; then auto's candidates timed on a
+    large buffer, once per process and layout (:func:`ringmpi.algorithms.calibrate`)."""
     nonblocking = importlib.import_module("ringmpi._requests")  # (it imports this module)
     twin = comm.Dup()
     try:
@@ -256,6 +260,8 @@ def _rehearse(comm: MPI.Intracomm, red: Reduction, op: Any, timeout: float) -> N
             best = algorithms.choose("auto", x.nbytes, context(twin, timeout), red)
             nonblocking.Iallreduce(_IN_PLACE, x, op, twin, algorithm=best.name,
                                    timeout=timeout).Wait()  # fmt: skip
+        if not red.half and _settings.current().tuner != "off":  # the tuner's evidence
+            algorithms.calibrate(ready(twin, timeout), red, timeout)
     finally:
         twin.Free()
 

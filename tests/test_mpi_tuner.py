@@ -456,3 +456,45 @@ def test_a_thin_lead_over_the_library_is_timed_again_and_a_loser_dropped(setting
     t.trying[KLASS + 1] = clear
     t.settle(KLASS + 1, clear, ctx, 0.0)
     assert t.known[KLASS + 1] == "dawdle" and KLASS + 1 not in t.trying
+
+
+def _evidence(comm, fastest: str, seconds: float) -> dict[str, float]:
+    """Measured seconds per byte for every candidate of auto on ``comm``: ``fastest`` a
+    call of CALIBRATED_FROM in ``seconds``, every other a hundred times that."""
+    ctx = context(comm)
+    pool = [a.name for a in algorithms._fitting(ctx) if a.terms is None or a.auto]
+    per_byte = seconds / tuner.CALIBRATED_FROM
+    return {name: per_byte * (1 if name == fastest else 100) for name in pool}
+
+
+@pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
+@pytest.mark.parametrize("stale", [False, True])
+def test_the_hosts_evidence_starts_a_large_class_on_the_measured_fastest(settings, comm,
+                                                                        monkeypatch, stale):  # fmt: skip
+    """From tuner.CALIBRATED_FROM, with this host's evidence (tuner.calibrate), a class
+    starts on the measured fastest (ring), not on the model's best (dawdle), and its
+    trials leave out the candidates measured SLOWER times slower: ring alone, then
+    the winner. Where the lead's own calls take SLOWER times what was measured for it
+    (a nanosecond), the others are tried after all."""
+    settings(tuner="memory")
+    ctx = context(comm)
+    layout = (ctx.size, *ctx.nodes(ringmpi._settings.current()))
+    seconds = 1e-9 if stale else 1000.0
+    monkeypatch.setattr(tuner, "_measured", {layout: _evidence(comm, "ring", seconds)})
+    count = tuner.CALIBRATED_FROM // 4
+    x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
+    got = np.empty_like(x)
+    problems = []
+    made = 1 + tuner.timed_calls(tuner.CALIBRATED_FROM)
+    with ringmpi.trace() as t:
+        for _ in range(made + 4):
+            ringmpi.Allreduce(x, got, MPI.SUM, comm)
+            if verify.count_wrong(got, MPI.SUM, comm.size):
+                problems.append("wrong")
+    agree(comm, problems)
+    ran = [x.algorithm for x in t.trials]
+    assert ran[:2] == ["ring", "ring"]
+    if stale:
+        assert set(ran[2:]) - {"ring"}, ran  # the others tried after ring's second call
+    else:
+        assert ran == ["ring"] * made and [x.algorithm for x in t.tuned] == ["ring"]

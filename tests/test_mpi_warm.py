@@ -50,3 +50,30 @@ def test_a_first_call_warms_its_algorithm_once(monkeypatch):
         assert not verify.count_wrong(got, MPI.MAX, comm.size)
     finally:
         comm.Free()
+
+
+def test_warm_measures_the_tuners_evidence_once_per_layout(settings, monkeypatch):
+    """With the tuner on, ringmpi.warm times auto's candidates and the library's call
+    on buffers of tuner.CALIBRATED_FROM (tuner.calibrate): every one of them, the same
+    seconds on every rank (the slowest's), once per process and layout."""
+    from ringmpi.algorithms import tuner
+
+    settings(tuner="memory")
+    monkeypatch.setattr(tuner, "_measured", {})
+    comm = WORLD.Dup()
+    try:
+        ringmpi.warm("float32", MPI.SUM, comm)
+        ctx = context(comm)
+        layout = (ctx.size, *ctx.nodes(ringmpi._settings.current()))
+        if comm.size == 1:
+            assert tuner._measured == {}  # one rank has nothing to choose
+            return
+        found = tuner._measured[layout]
+        pool = {a.name for a in algorithms._fitting(ctx) if a.terms is None or a.auto}
+        assert set(found) == pool and "mpi" in pool
+        assert all(0 < v < 1 for v in found.values())  # seconds per byte
+        assert len({tuple(sorted(found.items())) for found in comm.allgather(found)}) == 1
+        ringmpi.warm("float32", MPI.SUM, comm)
+        assert tuner._measured[layout] is found  # measured once
+    finally:
+        comm.Free()

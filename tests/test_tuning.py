@@ -234,3 +234,46 @@ def test_the_lease_costs_what_the_trials_cost_and_none_from_the_spread_trials():
     assert [n for n, c in zip(sizes, calls, strict=True) if c == 0] == [4 << 20, 16 << 20, 1 << 30]
     assert calls[2:4] == [609, 88]
     assert [tuner.lease_calls(n, auto.changed(lease=3)) for n in sizes] == [3] * len(sizes)
+
+
+def test_the_hosts_evidence_leaves_out_the_slower_candidates_until_the_lead_belies_it():
+    from ringmpi.algorithms import tuner
+
+    trials = tuner._Trials(["a", "b", "c", "d"], 5, spread=True)
+    fastest = 1e-3
+    bound = tuner.SLOWER * fastest
+    trials.known([2 * bound, fastest, bound, 1.01 * bound])
+    # the incumbent (a) stays even where SLOWER times the fastest (b); c at the bound stays
+    assert trials.dropped == trials.unseen == {3}
+    assert trials.times == [[], [], [], [1.01 * bound]]
+    trials.agreed[0] = tuner.SLOWER * 2 * bound  # the lead's calls as measured: kept out
+    trials._verify(0)
+    assert trials.dropped == {3}
+    trials.agreed[0] = 1.01 * tuner.SLOWER * 2 * bound  # slower than measured: tried after all
+    trials._verify(0)
+    assert trials.dropped == trials.unseen == set() and trials.times[3] == []
+    # below SPREAD_FROM (round robin) and with no evidence, nothing is left out
+    for spread, seconds in ((False, [1.0, 9.0]), (True, None)):
+        other = tuner._Trials(["a", "b"], 5, spread=spread)
+        other.known(seconds)
+        assert other.dropped == set()
+
+
+def test_the_hosts_evidence_is_per_byte_per_layout_and_from_calibrated_from(monkeypatch):
+    from ringmpi import _settings
+    from ringmpi.algorithms import tuner
+
+    class Ctx:
+        size = 2
+
+        def nodes(self, settings):
+            return 1, 2
+
+    n = tuner.CALIBRATED_FROM
+    monkeypatch.setattr(tuner, "_measured", {(2, 1, 2): {"ring": 2e-10, "mpi": 4e-10}})
+    now = _settings.current()
+    assert tuner.measured(Ctx(), now, ["mpi", "ring"], 4 * n) == [4e-10 * 4 * n, 2e-10 * 4 * n]
+    assert tuner.measured(Ctx(), now, ["ring"], n - 1) is None  # below: the model's
+    assert tuner.measured(Ctx(), now, ["ring", "chain"], n) is None  # one not measured
+    Ctx.size = 4
+    assert tuner.measured(Ctx(), now, ["ring"], n) is None  # another layout

@@ -60,6 +60,7 @@ __all__ = [
     "Lease",
     "Trial",
     "answers_agree",
+    "calibrate",
     "candidates",
     "choose",
     "get",
@@ -166,8 +167,7 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     """The model's choice, or the candidates the online tuner decides between where
     the candidates' answers agree (``agreed``)."""
     nodes, per_node = ctx.nodes(settings)
-    pool = [a for a in records(collective) if fits(a, ctx) and ctx.size >= a.auto_from
-            and (a.crowded or not ctx.sleepy)]  # fmt: skip
+    pool = _fitting(ctx, collective)
     if half:  # every half-type path keeps the rank order
         pool = [a for a in pool if a.auto and a.half is not None]
         pool = [a for a in pool if nodes == 1 or not a.half_one_node]
@@ -176,6 +176,11 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     else:
         pool = [a for a in pool if a.auto]
     ranked = _ranked(pool, tuning.load(per_node), settings, nbytes, ctx.size, nodes, per_node)
+    seconds = None
+    if settings.tuner != "off":  # this host's evidence, where it has some (tuner.calibrate)
+        seconds = _tuner.measured(ctx, settings, [a.name for a in ranked], nbytes)
+    if seconds is not None:
+        ranked = [a for _, a in sorted(zip(seconds, ranked, strict=True), key=lambda e: e[0])]
     if not ranked:  # a half's half types off one node: the library's call
         return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose
@@ -190,6 +195,20 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     if len(shortlist) == 1:
         return ranked[0]
     return _Trying(_tuner.tuner(ctx, settings, nodes, per_node), shortlist, library)
+
+
+def _fitting(ctx: Context, collective: str = "allreduce") -> list[Algorithm]:
+    """The records of ``collective`` auto may run on ``ctx``'s communicator."""
+    return [a for a in records(collective) if fits(a, ctx) and ctx.size >= a.auto_from
+            and (a.crowded or not ctx.sleepy)]  # fmt: skip
+
+
+def calibrate(ctx: Context, red: Reduction, timeout: float = 0.0) -> None:
+    """Time auto's candidates and the library's call on this host and ``ctx``'s layout,
+    once per process (:func:`ringmpi.algorithms.tuner.calibrate`; collective)."""
+    pool = [a for a in _fitting(ctx) if (a.auto and a.terms is not None) or a.terms is None]
+    _tuner.calibrate(ctx, red, pool if library_agrees(red) else [a for a in pool if a.own],
+                     timeout)  # fmt: skip
 
 
 def _ranked(pool: list[Algorithm], costs: tuning.Costs, settings, nbytes: int, p: int,

@@ -59,10 +59,10 @@ from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
-__all__ = ["BUDGET_AHEAD", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "NEAR", "ONE_TIME_S",
-           "SECOND_ROUND_MARGIN", "SHORTLIST", "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease",
-           "Trial", "cache_file", "counted", "lease_calls", "most_trial_calls", "timed_calls",
-           "tuner"]  # fmt: skip
+__all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "NEAR",
+           "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST", "SLOWER", "SPREAD_FROM", "TIMED",
+           "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "calibrate", "counted", "lease_calls",
+           "measured", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -163,6 +163,9 @@ class _Trials:
     agreed: list[float] = field(default_factory=list)
     spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
     dropped: set[int] = field(default_factory=set)
+    # this host's measured seconds per candidate (known), and those left out by them
+    measured: list[float] = field(default_factory=list)
+    unseen: set[int] = field(default_factory=set)
     gap: int = 0  # the lead's calls before the next other candidate's
 
     def __post_init__(self) -> None:
@@ -192,6 +195,29 @@ class _Trials:
                  if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
+    def known(self, seconds: list[float] | None) -> None:
+        """Leave out the candidates whose measured ``seconds`` (:func:`measured`, one per
+        candidate; None: none measured) are SLOWER times the fastest's, the incumbent
+        aside: their measured time stands for their trials' unless the lead's own
+        calls show the evidence out of date (:meth:`_verify`)."""
+        if seconds is None or not self.spread:
+            return
+        self.measured, fastest = seconds, min(seconds)
+        for i, took in enumerate(seconds):
+            if i and took > SLOWER * fastest:
+                self.dropped.add(i)
+                self.unseen.add(i)
+                self.times[i] = [took]
+
+    def _verify(self, lead: int) -> None:
+        """Try the candidates left out by this host's evidence after all, where the lead
+        took SLOWER times what was measured for it (the node's state has changed)."""
+        if self.unseen and self.agreed[lead] > SLOWER * self.measured[lead]:
+            for i in self.unseen:
+                self.dropped.discard(i)
+                self.times[i] = []
+            self.unseen.clear()
+
     def _due(self, lead: int) -> int | None:
         """The candidate whose trial comes next (the fewest calls made), or None."""
         left = [i for i in range(len(self.names)) if i != lead and not self._done(i)]
@@ -216,6 +242,7 @@ class _Trials:
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
         self.agreed[lead] = float(agreed[0])
+        self._verify(lead)
         if i != lead:  # what it cost beyond the lead; its median once timed, and whether to go on
             self.spent += max(0.0, float(agreed[2]) - self.agreed[lead])
             self.agreed[i] = float(agreed[1] if self.times[i] else agreed[2])
@@ -378,8 +405,10 @@ class Tuner:
         if job:
             return Lease(self, shortlist[0], None, counts=False)
         if trials is None:
-            trials = self.trying[key] = _Trials([a.name for a in shortlist], timed_calls(nbytes),
+            tried = [a.name for a in shortlist]
+            trials = self.trying[key] = _Trials(tried, timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
+            trials.known(measured(ctx, self.settings, tried, nbytes))
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
@@ -543,6 +572,65 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
                 os.unlink(aside)
     except OSError as exc:
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
+
+
+# --- the host's evidence: the candidates timed once on a buffer off the cache ----
+#
+# From CALIBRATED_FROM a call streams its buffer from memory, and the model's
+# constants, fitted on other hosts, can rank the candidates wrong by twice (the
+# node's shared-memory copies against a library's single-copy messages): a class's
+# first calls would run the slower, and try the slowest among the first ten.
+# ringmpi.warm times every candidate of auto, and the library's call, on buffers
+# of CALIBRATED_FROM bytes that do not sit in the cache, once per process and
+# layout (in turn: a call each whose one-time costs it leaves out, then twice the
+# best of their timed calls, the slowest rank's): from that size auto ranks its candidates by
+# these times, and a class's trials leave out those that took SLOWER times the
+# fastest's, their measured time standing for their trials': a candidate tried
+# costs the first calls what it is slower (the library's first call at 16 MiB
+# costs twice the fastest's).
+CALIBRATED_FROM = 16 << 20
+SLOWER = 1.25
+# (ranks, nodes, ranks of the largest node) -> candidate -> seconds per byte
+_measured: dict[tuple[int, int, int], dict[str, float]] = {}
+
+
+def calibrate(ctx: Context, red, candidates: list, timeout: float) -> None:
+    """Time ``candidates`` (records of the all-reduce) on ``ctx``'s layout, once per
+    process (collective over ``ctx``)."""
+    layout = (ctx.size, *ctx.nodes(_settings.current()))
+    if layout in _measured or ctx.size == 1:
+        return
+    count = CALIBRATED_FROM // red.dtype.itemsize
+    # twice the cache between a buffer's uses (at most eight buffers)
+    sets = min(8, 2 + 2 * _host.last_level_cache() // CALIBRATED_FROM)
+    buffers = [np.ones(count, red.dtype) for _ in range(sets)]  # (written: no page faults)
+    calls = [prepared(record, red, ctx, count, timeout).again for record in candidates]
+    took = np.full(len(candidates), math.inf)
+    for k in range(3):  # in turn, as a program's other work comes between its calls
+        for j, again in enumerate(calls):  # one for its one-time costs, then two timed
+            work = buffers[(k * len(calls) + j) % sets]
+            _together(ctx, timeout)
+            t0 = time.perf_counter_ns()
+            again(work, work)
+            if k:
+                took[j] = min(took[j], (time.perf_counter_ns() - t0) * 1e-9)
+    agreed = np.empty_like(took)
+    library_allreduce(ctx, took, agreed, MPI.MAX, timeout,
+                      f"rank {ctx.rank}: auto's tuner agreeing on the host's evidence")  # fmt: skip
+    _measured[layout] = {a.name: t / CALIBRATED_FROM for a, t in zip(candidates, agreed.tolist(),
+                                                                     strict=True)}  # fmt: skip
+
+
+def measured(ctx: Context, settings: _settings.Settings, names: list[str],
+             nbytes: int) -> list[float] | None:  # fmt: skip
+    """The seconds a call of ``nbytes`` took each of ``names`` on this host and layout
+    (:func:`calibrate`), or None: below CALIBRATED_FROM, or not all measured."""
+    if nbytes < CALIBRATED_FROM:
+        return None
+    found = _measured.get((ctx.size, *ctx.nodes(settings)))
+    if found is None or not all(name in found for name in names):
+        return None
+    return [found[name] * nbytes for name in names]
 
 
 # --- the lease: an untuned class's first calls run its incumbent -----------------

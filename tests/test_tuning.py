@@ -252,6 +252,13 @@ def test_the_hosts_evidence_leaves_out_the_slower_candidates_until_the_lead_beli
     trials.agreed[0] = 1.01 * tuner.SLOWER * 2 * bound  # slower than measured: tried after all
     trials._verify(0)
     assert trials.dropped == trials.unseen == set() and trials.times[3] == []
+    # the library's call only from LIBRARY_SLOWER times the fastest
+    library = tuner._Trials(["a", "mpi", "b"], 5, spread=True)
+    library.known([1.0, tuner.LIBRARY_SLOWER, tuner.LIBRARY_SLOWER])
+    assert library.dropped == {2}
+    library = tuner._Trials(["a", "mpi"], 5, spread=True)
+    library.known([1.0, 1.01 * tuner.LIBRARY_SLOWER])
+    assert library.dropped == {1}
     # below SPREAD_FROM (round robin) and with no evidence, nothing is left out
     for spread, seconds in ((False, [1.0, 9.0]), (True, None)):
         other = tuner._Trials(["a", "b"], 5, spread=spread)

@@ -30,6 +30,7 @@ from ..kernels import Reduction
 from . import ring, latency, hierarchical, shared, chain, mpi, symmetric  # noqa: F401
 
 # isort: on
+from . import registry
 from . import tuner as _tuner
 from .registry import (
     STALE,
@@ -177,7 +178,7 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
         pool = [a for a in pool if a.auto]
     ranked = _ranked(pool, tuning.load(per_node), settings, nbytes, ctx.size, nodes, per_node)
     seconds = None
-    if settings.tuner != "off":  # this host's evidence, where it has some (tuner.calibrate)
+    if settings.tuner != "off" and collective == "allreduce":  # this host's (tuner.calibrate)
         seconds = _tuner.measured(ctx, settings, [a.name for a in ranked], nbytes)
     if seconds is not None:
         ranked = [a for _, a in sorted(zip(seconds, ranked, strict=True), key=lambda e: e[0])]
@@ -215,20 +216,21 @@ def _ranked(pool: list[Algorithm], costs: tuning.Costs, settings, nbytes: int, p
             nodes: int, per_node: int) -> list[Algorithm]:  # fmt: skip
     """``pool``'s modelled records ranked by the model, the first of equals first (as
     tuning.choose): worked out once per process for each size, layout, settings and
-    pool (a record's prediction costs microseconds; every communicator's first call
-    of a size asks)."""
-    key = (tuple(map(id, pool)), costs, settings, nbytes, p, nodes, per_node)
+    pool, while the registry holds the same records (a record's prediction costs
+    microseconds; every communicator's first call of a size asks)."""
+    names_of = tuple((a.collective, a.name) for a in pool)
+    key = (names_of, registry.changes[0], costs, settings, nbytes, p, nodes, per_node)
     found = _RANKINGS.get(key)
     if found is None:
         ranked = sorted(
             (a for a in pool if a.terms is not None),
             key=lambda a: tuning.predict(costs, a, nbytes, p, nodes, per_node),
         )
-        found = _RANKINGS.put(key, (ranked, pool))  # (the pool kept: its ids stay its own)
-    return list(found[0])
+        found = _RANKINGS.put(key, ranked)
+    return list(found)
 
 
-_RANKINGS: Bounded[tuple, tuple[list[Algorithm], list[Algorithm]]] = Bounded(1024)
+_RANKINGS: Bounded[tuple, list[Algorithm]] = Bounded(1024)
 
 
 def shortlist_of(ranked: list[Algorithm]) -> list[Algorithm]:

@@ -114,6 +114,9 @@ class Algorithm:
 
 
 _REGISTRY: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
+# How many times a record was registered or forgotten (what was derived from the
+# records before is out of date once it changes).
+changes = [0]
 
 
 def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algorithm:
@@ -142,6 +145,7 @@ def register(name: str, run: AlgorithmFn | None = None, **fields: Any) -> Algori
     summary = fields.pop("summary", None) or (run.__doc__ or "").strip().split("\n")[0]
     algo = Algorithm(name, run, summary, **fields)
     _REGISTRY[collective][name] = algo
+    changes[0] += 1
     return algo
 
 
@@ -243,6 +247,7 @@ def get(name: str, collective: str = "allreduce") -> Algorithm:
 def unregister(name: str, collective: str = "allreduce") -> None:
     """Forget algorithm ``name`` (for tests that register their own)."""
     _REGISTRY[collective].pop(name, None)
+    changes[0] += 1
 
 
 def fits(algo: Algorithm, ctx: Context) -> bool:

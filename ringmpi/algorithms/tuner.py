@@ -59,10 +59,11 @@ from .. import __version__, _direct, _host, _progress, _settings, _trace
 from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
-__all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "LIBRARY_MARGIN", "NEAR",
-           "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST", "SLOWER", "SPREAD_FROM", "TIMED",
-           "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "calibrate", "counted", "lease_calls",
-           "measured", "most_trial_calls", "timed_calls", "tuner"]  # fmt: skip
+__all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "LIBRARY_MARGIN",
+           "LIBRARY_SLOWER", "NEAR", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST", "SLOWER",
+           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "calibrate",
+           "counted", "lease_calls", "measured", "most_trial_calls", "timed_calls",
+           "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
 # cheap and noisy, so they take more samples. A function of the size alone, so
@@ -197,14 +198,15 @@ class _Trials:
 
     def known(self, seconds: list[float] | None) -> None:
         """Leave out the candidates whose measured ``seconds`` (:func:`measured`, one per
-        candidate; None: none measured) are SLOWER times the fastest's, the incumbent
-        aside: their measured time stands for their trials' unless the lead's own
-        calls show the evidence out of date (:meth:`_verify`)."""
+        candidate; None: none measured) are SLOWER times the fastest's (the library's
+        call LIBRARY_SLOWER times), the incumbent aside: their measured time stands for
+        their trials' unless the lead's own calls show the evidence out of date
+        (:meth:`_verify`)."""
         if seconds is None or not self.spread:
             return
         self.measured, fastest = seconds, min(seconds)
         for i, took in enumerate(seconds):
-            if i and took > SLOWER * fastest:
+            if i and took > (LIBRARY_SLOWER if self.names[i] == "mpi" else SLOWER) * fastest:
                 self.dropped.add(i)
                 self.unseen.add(i)
                 self.times[i] = [took]
@@ -395,7 +397,12 @@ class Tuner:
         trials = self.trying.get(key)
         # a nonblocking call's, below SPREAD_FROM: never a trial, nor counted
         job = bool(_progress.in_job[0]) and nbytes < SPREAD_FROM
-        shortlist = self._ordered(key, shortlist)
+        # this host's evidence (calibrate), for the all-reduce's large classes
+        evidence = collective == "allreduce" and nbytes >= CALIBRATED_FROM
+        seconds = (
+            measured(ctx, self.settings, [a.name for a in shortlist], nbytes) if evidence else None
+        )
+        shortlist = self._ordered(key, shortlist, seconds)
         if trials is None and collective == "allreduce":
             left = self.left.get(key)
             if left is None:
@@ -408,15 +415,18 @@ class Tuner:
             tried = [a.name for a in shortlist]
             trials = self.trying[key] = _Trials(tried, timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
-            trials.known(measured(ctx, self.settings, tried, nbytes))
+            if evidence:
+                trials.known(measured(ctx, self.settings, tried, nbytes))
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
-    def _ordered(self, key: Key, shortlist: list) -> list:
+    def _ordered(self, key: Key, shortlist: list, seconds: list[float] | None = None) -> list:
         """The class's candidates, its incumbent first: the winner of the nearest class
         settled within NEAR classes of it (of its collective, and like it with the
         library's call among the candidates or not; the smaller on a tie) where that
-        is one of them, else the model's best. Decided at the class's first call."""
+        is one of them, else the one this host measured fastest (``seconds``, one a
+        candidate, where given), else the model's best. Decided at the class's first
+        call."""
         found = self.order.get(key)
         if found is None:
             klass, kind = _size_class(key), _collective(key)
@@ -426,6 +436,8 @@ class Tuner:
                      if _collective(k) == kind and name in candidates)
                     if (c > 0) == (klass > 0) and 0 < abs(c - klass) <= NEAR]  # fmt: skip
             winner = min(near)[2] if near else None
+            if winner is None and seconds is not None:
+                winner = shortlist[seconds.index(min(seconds))].name
             found = self.order[key] = sorted(shortlist, key=lambda a: a.name != winner)
         return found
 
@@ -590,6 +602,10 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
 # costs twice the fastest's).
 CALIBRATED_FROM = 16 << 20
 SLOWER = 1.25
+# The library's call is left out only where measured this many times the fastest's:
+# auto is never to be slower than the library, and the node's state may have changed
+# since (its trial costs the first calls what it is slower, twice).
+LIBRARY_SLOWER = 2.0
 # (ranks, nodes, ranks of the largest node) -> candidate -> seconds per byte
 _measured: dict[tuple[int, int, int], dict[str, float]] = {}
 

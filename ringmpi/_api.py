@@ -226,10 +226,10 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     call run once on a duplicate of ``comm`` (freed after, with its window; not
     inside a trace), so that a program's first call on any communicator pays
     only for that communicator (its duplicate, its window), not for Python run
-    the first time in the process; and, once per process and layout, auto's
-    candidates and the library's call are timed on buffers of 16 MiB that do not
-    sit in the cache (a tenth of a second or so), which auto's choice from that
-    size goes by. ``timeout``: as for :func:`Allreduce`.
+    the first time in the process; before that, once per process and layout,
+    auto's candidates and the library's call are timed on buffers of 16 MiB that
+    do not sit in the cache (a tenth of a second or so), which auto's choice from
+    that size goes by. ``timeout``: as for :func:`Allreduce`.
     Returns the slowest rank's seconds of loading.
     """
     comm = check_comm(comm)
@@ -248,11 +248,15 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
 def _rehearse(comm: MPI.Intracomm, red: Reduction, op: Any, timeout: float) -> None:
     """Auto's first call, its repeats and a nonblocking call of ringmpi's own, on a
     duplicate of ``comm`` freed after: the tuner off (nothing of a size class is
-    tried or counted), the model's best running; then auto's candidates timed on a
-    large buffer, once per process and layout (:func:`ringmpi.algorithms.calibrate`)."""
+    tried or counted), the model's best running; before them auto's candidates timed
+    on a large buffer, once per process and layout (:func:`ringmpi.algorithms.calibrate`)."""
     nonblocking = importlib.import_module("ringmpi._requests")  # (it imports this module)
     twin = comm.Dup()
     try:
+        # The tuner's evidence first: the calls below bring back into the cache what a
+        # program's first call runs, which the evidence's buffers push out.
+        if not red.half and _settings.current().tuner != "off":
+            algorithms.calibrate(ready(twin, timeout), red, timeout)
         x = np.zeros(max(1, comm.Get_size()), red.dtype)
         with configured(tuner="off"):
             for _ in range(3):
@@ -260,8 +264,6 @@ def _rehearse(comm: MPI.Intracomm, red: Reduction, op: Any, timeout: float) -> N
             best = algorithms.choose("auto", x.nbytes, context(twin, timeout), red)
             nonblocking.Iallreduce(_IN_PLACE, x, op, twin, algorithm=best.name,
                                    timeout=timeout).Wait()  # fmt: skip
-        if not red.half and _settings.current().tuner != "off":  # the tuner's evidence
-            algorithms.calibrate(ready(twin, timeout), red, timeout)
     finally:
         twin.Free()
 

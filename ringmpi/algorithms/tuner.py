@@ -586,20 +586,21 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
         print(f"ringmpi: cannot write the tuner's cache file {path}: {exc}", file=sys.stderr)
 
 
-# --- the host's evidence: the candidates timed once on a buffer off the cache ----
+# --- the host's evidence: the candidates timed once on large buffers ----------
 #
 # From CALIBRATED_FROM a call streams its buffer from memory, and the model's
 # constants, fitted on other hosts, can rank the candidates wrong by twice (the
 # node's shared-memory copies against a library's single-copy messages): a class's
 # first calls would run the slower, and try the slowest among the first ten.
-# ringmpi.warm times every candidate of auto, and the library's call, on buffers
-# of CALIBRATED_FROM bytes that do not sit in the cache, once per process and
-# layout (in turn: a call each whose one-time costs it leaves out, then twice the
-# best of their timed calls, the slowest rank's): from that size auto ranks its candidates by
-# these times, and a class's trials leave out those that took SLOWER times the
-# fastest's, their measured time standing for their trials': a candidate tried
-# costs the first calls what it is slower (the library's first call at 16 MiB
-# costs twice the fastest's).
+# ringmpi.warm times every candidate of auto, and the library's call, once per
+# process and layout, on buffers of CALIBRATED_FROM bytes taken in turn (twice
+# the last-level cache between a buffer's uses, where eight buffers span that):
+# in turn, a call each for its one-time costs, then twice; the best of its timed
+# calls, the slowest rank's. From that size the fastest leads a class's calls,
+# and its trials leave out those that took SLOWER times the fastest's (the
+# library's call: LIBRARY_SLOWER times), their measured time standing for their
+# trials': a candidate tried costs the first calls what it is slower (the
+# library's first call at 16 MiB costs twice the fastest's).
 CALIBRATED_FROM = 16 << 20
 SLOWER = 1.25
 # The library's call is left out only where measured this many times the fastest's:

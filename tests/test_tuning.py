@@ -279,7 +279,10 @@ def test_the_hosts_evidence_is_per_byte_per_layout_and_from_calibrated_from(monk
     n = tuner.CALIBRATED_FROM
     monkeypatch.setattr(tuner, "_measured", {(2, 1, 2): {"ring": 2e-10, "mpi": 4e-10}})
     now = _settings.current()
-    assert tuner.measured(Ctx(), now, ["mpi", "ring"], 4 * n) == [4e-10 * 4 * n, 2e-10 * 4 * n]
+    assert tuner.measured(Ctx(), now, ["mpi", "ring"], 4 * n) == {
+        "mpi": 4e-10 * 4 * n,
+        "ring": 2e-10 * 4 * n,
+    }
     assert tuner.measured(Ctx(), now, ["ring"], n - 1) is None  # below: the model's
     assert tuner.measured(Ctx(), now, ["ring", "chain"], n) is None  # one not measured
     Ctx.size = 4

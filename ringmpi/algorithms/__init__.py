@@ -181,7 +181,7 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     if settings.tuner != "off" and collective == "allreduce":  # this host's (tuner.calibrate)
         seconds = _tuner.measured(ctx, settings, [a.name for a in ranked], nbytes)
     if seconds is not None:
-        ranked = [a for _, a in sorted(zip(seconds, ranked, strict=True), key=lambda e: e[0])]
+        ranked.sort(key=lambda a: seconds[a.name])
     if not ranked:  # a half's half types off one node: the library's call
         return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose

@@ -397,11 +397,9 @@ class Tuner:
         trials = self.trying.get(key)
         # a nonblocking call's, below SPREAD_FROM: never a trial, nor counted
         job = bool(_progress.in_job[0]) and nbytes < SPREAD_FROM
-        # this host's evidence (calibrate), for the all-reduce's large classes
-        evidence = collective == "allreduce" and nbytes >= CALIBRATED_FROM
-        seconds = (
-            measured(ctx, self.settings, [a.name for a in shortlist], nbytes) if evidence else None
-        )
+        seconds = None  # this host's evidence (calibrate), looked up as a class's trials begin
+        if trials is None and collective == "allreduce":
+            seconds = measured(ctx, self.settings, [a.name for a in shortlist], nbytes)
         shortlist = self._ordered(key, shortlist, seconds)
         if trials is None and collective == "allreduce":
             left = self.left.get(key)
@@ -415,17 +413,17 @@ class Tuner:
             tried = [a.name for a in shortlist]
             trials = self.trying[key] = _Trials(tried, timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
-            if evidence:
-                trials.known(measured(ctx, self.settings, tried, nbytes))
+            trials.known(None if seconds is None else [seconds[name] for name in tried])
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
-    def _ordered(self, key: Key, shortlist: list, seconds: list[float] | None = None) -> list:
+    def _ordered(self, key: Key, shortlist: list,
+                 seconds: dict[str, float] | None = None) -> list:  # fmt: skip
         """The class's candidates, its incumbent first: the winner of the nearest class
         settled within NEAR classes of it (of its collective, and like it with the
         library's call among the candidates or not; the smaller on a tie) where that
-        is one of them, else the one this host measured fastest (``seconds``, one a
-        candidate, where given), else the model's best. Decided at the class's first
+        is one of them, else the one this host measured fastest (``seconds``, by name,
+        where given), else the model's best. Decided at the class's first
         call."""
         found = self.order.get(key)
         if found is None:
@@ -437,7 +435,7 @@ class Tuner:
                     if (c > 0) == (klass > 0) and 0 < abs(c - klass) <= NEAR]  # fmt: skip
             winner = min(near)[2] if near else None
             if winner is None and seconds is not None:
-                winner = shortlist[seconds.index(min(seconds))].name
+                winner = min(seconds, key=seconds.__getitem__)
             found = self.order[key] = sorted(shortlist, key=lambda a: a.name != winner)
         return found
 
@@ -639,15 +637,15 @@ def calibrate(ctx: Context, red, candidates: list, timeout: float) -> None:
 
 
 def measured(ctx: Context, settings: _settings.Settings, names: list[str],
-             nbytes: int) -> list[float] | None:  # fmt: skip
+             nbytes: int) -> dict[str, float] | None:  # fmt: skip
     """The seconds a call of ``nbytes`` took each of ``names`` on this host and layout
-    (:func:`calibrate`), or None: below CALIBRATED_FROM, or not all measured."""
+    (:func:`calibrate`), by name, or None: below CALIBRATED_FROM, or not all measured."""
     if nbytes < CALIBRATED_FROM:
         return None
     found = _measured.get((ctx.size, *ctx.nodes(settings)))
     if found is None or not all(name in found for name in names):
         return None
-    return [found[name] * nbytes for name in names]
+    return {name: found[name] * nbytes for name in names}
 
 
 # --- the lease: an untuned class's first calls run its incumbent -----------------

@@ -229,8 +229,8 @@ def warm(dtype: Any = np.float32, op: Any = MPI.SUM, comm: MPI.Intracomm | None 
     the first time in the process; before that, once per process and layout,
     auto's candidates and the library's call are timed on buffers of 16 MiB taken
     in turn (twice the last-level cache between a buffer's uses, at most eight
-    buffers; a tenth of a second or so), which auto's choice from that size goes
-    by. ``timeout``: as for :func:`Allreduce`.
+    buffers; a few tenths of a second at 2 ranks), which auto's choice from that
+    size goes by. ``timeout``: as for :func:`Allreduce`.
     Returns the slowest rank's seconds of loading.
     """
     comm = check_comm(comm)

@@ -9,14 +9,13 @@ delete callback when the user frees the communicator (or MPI finalizes).
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _cache, _settings
+from . import _cache, _host, _settings
 from ._cache import Bounded
 from ._errors import RingMPIError
 from .kernels import Reduction, decode_tag
@@ -306,7 +305,7 @@ def ready(comm: MPI.Intracomm, timeout: float = 0.0) -> Context:
 
 
 def _crowded(node: MPI.Intracomm) -> bool:
-    return node.Get_size() >= _CROWDED * (os.cpu_count() or 1)
+    return node.Get_size() >= _CROWDED * _host.cores()
 
 
 def _delete(comm: MPI.Comm, keyval: int, ctx: Context) -> None:

@@ -15,10 +15,11 @@ once: there a call is latency-bound and ringmpi's Python entry costs more than
 any algorithm saves. From there it chooses as the all-reduce does
 (:func:`ringmpi.algorithms.choose`): the cost model ranks ringmpi's own records
 (the latency variant from 3 ranks, shared memory on one node), and auto's online
-tuner times the model's best and the best of the other kind against the library's
-call per size class, keeping the library's unless another is 5 % faster; with the
-tuner off (``RINGMPI_TUNER=off``) the model's best runs. What ringmpi cannot do itself
-goes to the library under ``auto`` and ``mpi``, as for :func:`ringmpi.Allreduce`.
+tuner times the model's best, the best of the other kind and the model's
+next against the library's call per size class, keeping the library's unless
+another is 5 % faster; with the tuner off (``RINGMPI_TUNER=off``) the model's best
+runs. What ringmpi cannot do itself goes to the library under ``auto`` and
+``mpi``, as for :func:`ringmpi.Allreduce`.
 """
 
 from __future__ import annotations

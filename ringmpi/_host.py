@@ -12,7 +12,7 @@ import platform
 
 from . import _settings
 
-__all__ = ["affinity", "busy", "cores_held", "cores_share", "cpu_model", "describe",
+__all__ = ["affinity", "busy", "cores", "cores_held", "cores_share", "cpu_model", "describe",
            "last_level_cache", "runnable", "threads"]  # fmt: skip
 
 
@@ -30,11 +30,17 @@ def cpu_model() -> str:
 
 
 @functools.cache
+def cores() -> int:
+    """The machine's cores online, read once (each new communicator asks)."""
+    return os.cpu_count() or 1
+
+
+@functools.cache
 def describe() -> str:
     """This host as the tuner's file names it: CPU model, last-level cache, cores online."""
     cache = last_level_cache()
     said = f"{cache >> 20} MiB" if cache >= 1 << 20 else f"{cache >> 10} KiB" if cache else "no"
-    return f"{cpu_model()}, {said} last-level cache, {os.cpu_count() or 1} cores"
+    return f"{cpu_model()}, {said} last-level cache, {cores()} cores"
 
 
 def cores_share(masks: list[frozenset[int]], mine: int) -> int:
@@ -73,7 +79,7 @@ def busy(seen: list[int], node_ranks: int) -> bool:
     if not seen:
         return False
     ordered = sorted(seen)
-    return ordered[len(ordered) // 2] > max(os.cpu_count() or 1, node_ranks) + 1
+    return ordered[len(ordered) // 2] > max(cores(), node_ranks) + 1
 
 
 def affinity() -> frozenset[int]:
@@ -81,7 +87,7 @@ def affinity() -> frozenset[int]:
     try:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return frozenset(range(os.cpu_count() or 1))
+        return frozenset(range(cores()))
 
 
 def threads(setting: int | None, share: int) -> int:
@@ -131,7 +137,7 @@ def last_level_cache() -> int:
         except (OSError, ValueError):
             continue
         if kind != "Instruction" and at >= level:
-            level, listed = at, size * max(1, (os.cpu_count() or 1) // max(1, sharing))
+            level, listed = at, size * max(1, cores() // max(1, sharing))
     return max(listed, _from_cpu())
 
 

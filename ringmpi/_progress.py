@@ -40,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 from numba import types
 
-from . import _builtins, _settings, _trace
+from . import _builtins, _host, _settings, _trace
 from ._capi import (
     _library_path,
     load_acquire,
@@ -590,7 +590,7 @@ def mode(ctx) -> str:
 @functools.cache
 def _cores() -> tuple[int, int]:
     """This process's cores and the machine's, read once (each call's mode asks)."""
-    return own_cores(), os.cpu_count() or 1
+    return own_cores(), _host.cores()
 
 
 def own_cores() -> int:
@@ -599,7 +599,7 @@ def own_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        return _host.cores()
 
 
 def spare_core(ctx) -> bool:

@@ -92,7 +92,7 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
     first = algorithms.choose("auto", NBYTES, context(comm), None)
     assert isinstance(first, algorithms.Trial) and first.name == "dawdle"
     names = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying[KLASS].names
-    assert names[0] == "dawdle" and names[-1] == "mpi" and len(names) == 3
+    assert names[0] == "dawdle" and names[-1] == "mpi" and len(names) == 1 + tuner.SHORTLIST
     first_round = len(names) * (1 + timed)
     t, problems = calls(comm, first_round + 2 * timed + 3, timeout=timeout)
     agree(comm, problems)
@@ -259,9 +259,10 @@ def tried_again(first: ringmpi.Trace) -> None:
     calls are the trials ``first`` began with."""
     fresh = WORLD.Dup()
     try:
-        t, problems = calls(fresh, 3)
+        t, problems = calls(fresh, 1 + tuner.SHORTLIST)
         agree(fresh, problems)
-        assert [x.algorithm for x in t.trials] == ["dawdle", first.trials[1].algorithm, "mpi"]
+        began = [x.algorithm for x in first.trials[: 1 + tuner.SHORTLIST]]
+        assert [x.algorithm for x in t.trials] == began and began[-1] == "mpi"
     finally:
         fresh.Free()
 
@@ -379,10 +380,11 @@ def test_the_library_is_not_tried_where_its_answer_differs(settings, where, comm
     settings(tuner="memory")
     x = verify.verify_inputs(MPI.SUM, "int16", comm.rank, 2 * COUNT)  # 64 bytes
     with ringmpi.trace() as t:
-        for _ in range(2 * (1 + tuner.timed_calls(NBYTES))):
+        for _ in range(tuner.SHORTLIST * (1 + tuner.timed_calls(NBYTES))):
             got = ringmpi.allreduce(x, MPI.SUM, comm)
             assert not verify.count_wrong(got, MPI.SUM, comm.size)
-    assert {c.algorithm for c in t.trials} == {"dawdle", t.trials[1].algorithm} != {"mpi"}
+    tried = {c.algorithm for c in t.trials}
+    assert "dawdle" in tried and "mpi" not in tried and len(tried) == tuner.SHORTLIST
     assert "mpi" not in {c.algorithm for c in t.trials}
     assert {c.size_class for c in t.trials} == {-KLASS}
     assert len(t.tuned) == 1 and t.tuned[0].algorithm != "dawdle"
@@ -468,35 +470,27 @@ def _evidence(comm, fastest: str, seconds: float) -> dict[str, float]:
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
-@pytest.mark.parametrize(("fastest", "stale"), [("ring", False), ("mpi", False), ("ring", True)])
+@pytest.mark.parametrize("fastest", ["ring", "mpi"])
 def test_the_hosts_evidence_starts_a_large_class_on_the_measured_fastest(settings, comm,
-                                                                        monkeypatch, fastest,
-                                                                        stale):  # fmt: skip
+                                                                        monkeypatch, fastest):  # fmt: skip
     """From tuner.CALIBRATED_FROM, with this host's evidence (tuner.calibrate), a class
     starts on the measured fastest (ring, or the library's call), not on the model's
-    best (dawdle), and its trials leave out the candidates measured SLOWER times
-    slower: the fastest alone, then the winner. Where the lead's own calls take
-    SLOWER times what was measured for it (a nanosecond), the others are tried after
-    all."""
+    best (dawdle); its trials still try the others (measured a hundred times slower:
+    one measurement is no verdict)."""
     settings(tuner="memory")
     ctx = context(comm)
     layout = (ctx.size, *ctx.nodes(ringmpi._settings.current()))
-    seconds = 1e-9 if stale else 1000.0
-    monkeypatch.setattr(tuner, "_measured", {layout: _evidence(comm, fastest, seconds)})
+    monkeypatch.setattr(tuner, "_measured", {layout: _evidence(comm, fastest, 1e-3)})
     count = tuner.CALIBRATED_FROM // 4
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
     got = np.empty_like(x)
     problems = []
-    made = 1 + tuner.timed_calls(tuner.CALIBRATED_FROM)
     with ringmpi.trace() as t:
-        for _ in range(made + 4):
+        for _ in range(6):
             ringmpi.Allreduce(x, got, MPI.SUM, comm)
             if verify.count_wrong(got, MPI.SUM, comm.size):
                 problems.append("wrong")
     agree(comm, problems)
     ran = [x.algorithm for x in t.trials]
     assert ran[:2] == [fastest, fastest]
-    if stale:
-        assert set(ran[2:]) - {fastest}, ran  # the others tried after the lead's second call
-    else:
-        assert ran == [fastest] * made and [x.algorithm for x in t.tuned] == [fastest]
+    assert set(ran[2:]) - {fastest}, ran  # the others tried after the lead's second call

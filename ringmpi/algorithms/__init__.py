@@ -13,13 +13,12 @@ that identical calls give identical bits from the first call on.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import _engine, _progress, _settings, tuning
+from .. import _engine, _host, _progress, _settings, tuning
 from .._cache import Bounded
 from .._comm import Context
 from ..kernels import Reduction
@@ -92,8 +91,9 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     ringmpi's own algorithms by the cost model (:mod:`ringmpi.tuning`) for this size,
     rank count and node layout; then the online tuner
     (:mod:`ringmpi.algorithms.tuner`) decides between the model's best, the best of
-    the other kind (:func:`shortlist_of`) and the library's MPI_Allreduce (where it
-    gives ringmpi's answer: :func:`library_agrees`): while it tries them this returns
+    the other kind, the model's next (:func:`shortlist_of`) and the library's
+    MPI_Allreduce (where it gives ringmpi's answer: :func:`library_agrees`): while
+    it tries them this returns
     a :class:`~ringmpi.algorithms.tuner.Trial`. It does so only where every candidate
     gives the same bits (:func:`answers_agree`; elsewhere the model's pick stands), so
     that no trial changes what a call returns. The choice is kept per communicator,
@@ -177,11 +177,6 @@ def _auto(nbytes: int, ctx: Context, settings, ordered: bool, half: bool, librar
     else:
         pool = [a for a in pool if a.auto]
     ranked = _ranked(pool, tuning.load(per_node), settings, nbytes, ctx.size, nodes, per_node)
-    seconds = None
-    if settings.tuner != "off" and collective == "allreduce":  # this host's (tuner.calibrate)
-        seconds = _tuner.measured(ctx, settings, [a.name for a in ranked], nbytes)
-    if seconds is not None:
-        ranked.sort(key=lambda a: seconds[a.name])
     if not ranked:  # a half's half types off one node: the library's call
         return next(a for a in records(collective) if a.terms is None)
     # The tuner decides where the choice is free: not in reproducible mode (whose
@@ -242,7 +237,8 @@ def shortlist_of(ranked: list[Algorithm]) -> list[Algorithm]:
     so that the other kind's best is the trial that can find it out."""
     first, rest = ranked[0], ranked[1:]
     other = [a for a in rest if (a.plan is None) != (first.plan is None)][:1]
-    return [first, *other, *(a for a in rest if a not in other)][: _tuner.SHORTLIST]
+    rest = [a for a in rest if not other or a is not other[0]]  # (identity: a quick test)
+    return [first, *other, *rest][: _tuner.SHORTLIST]
 
 
 def library_agrees(red: Reduction | None) -> bool:
@@ -353,7 +349,7 @@ def warm_on_node(ctx: Context, red: Reduction, record: Algorithm | None = None,
     # The reduction's own kernels (Reduction.fold) run in no algorithm: warmed only
     # with every algorithm.
     ranks = ctx.node.Get_size()
-    everyone = ranks <= (os.cpu_count() or 1)  # (the same on every rank of the node)
+    everyone = ranks <= _host.cores()  # (the same on every rank of the node)
     compiles = everyone or ctx.node.Get_rank() == 0
 
     def load() -> float:

@@ -7,8 +7,8 @@ here. So for each size class (the powers of two: a call of n bytes is in class
 ``n.bit_length()``), once its lease is over (below: its first calls run its
 incumbent, the model's best or the winner of a class settled near it), the next
 calls are trials: the model's best algorithm, the best of the
-other kind (messages or the node's shared memory:
-:func:`ringmpi.algorithms.shortlist_of`) and the library's MPI_Allreduce (where it
+other kind (messages or the node's shared memory), the model's next
+(:func:`ringmpi.algorithms.shortlist_of`) and the library's MPI_Allreduce (where it
 gives ringmpi's answer: :func:`ringmpi.algorithms.library_agrees`; the others are
 tuned apart, as class ``-n.bit_length()``) take turns, each once untimed and then
 :func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call timed
@@ -60,7 +60,7 @@ from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
 __all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "LIBRARY_MARGIN",
-           "LIBRARY_SLOWER", "NEAR", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST", "SLOWER",
+           "NEAR", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
            "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "calibrate",
            "counted", "lease_calls", "measured", "most_trial_calls", "timed_calls",
            "tuner"]  # fmt: skip
@@ -77,7 +77,7 @@ def timed_calls(nbytes: int) -> int:
     return next((calls for upto, calls in _TIMED if nbytes <= upto), TIMED)
 
 
-def most_trial_calls(nbytes: int, candidates: int = 3) -> int:
+def most_trial_calls(nbytes: int, candidates: int = 4) -> int:
     """The most calls a class's trials take: each candidate's untimed call and
     :func:`timed_calls` (from SPREAD_FROM, each of the others' calls after up to
     GAP_MOST of the first's, and the first's own), and a second round of two
@@ -106,7 +106,7 @@ def _collective(key: Key) -> str:
 NEAR = 2
 
 
-SHORTLIST = 2  # how many of the model's best own algorithms are tried
+SHORTLIST = 3  # how many of ringmpi's own algorithms are tried (shortlist_of)
 # The library's call stays unless one of ringmpi's own is at least this much faster
 # in the trials: medians of a few calls differ by as much from run to run at large
 # sizes, and a near tie lost to the noise should cost the library's time, not more.
@@ -164,9 +164,6 @@ class _Trials:
     agreed: list[float] = field(default_factory=list)
     spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
     dropped: set[int] = field(default_factory=set)
-    # this host's measured seconds per candidate (known), and those left out by them
-    measured: list[float] = field(default_factory=list)
-    unseen: set[int] = field(default_factory=set)
     gap: int = 0  # the lead's calls before the next other candidate's
 
     def __post_init__(self) -> None:
@@ -196,30 +193,6 @@ class _Trials:
                  if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
-    def known(self, seconds: list[float] | None) -> None:
-        """Leave out the candidates whose measured ``seconds`` (:func:`measured`, one per
-        candidate; None: none measured) are SLOWER times the fastest's (the library's
-        call LIBRARY_SLOWER times), the incumbent aside: their measured time stands for
-        their trials' unless the lead's own calls show the evidence out of date
-        (:meth:`_verify`)."""
-        if seconds is None or not self.spread:
-            return
-        self.measured, fastest = seconds, min(seconds)
-        for i, took in enumerate(seconds):
-            if i and took > (LIBRARY_SLOWER if self.names[i] == "mpi" else SLOWER) * fastest:
-                self.dropped.add(i)
-                self.unseen.add(i)
-                self.times[i] = [took]
-
-    def _verify(self, lead: int) -> None:
-        """Try the candidates left out by this host's evidence after all, where the lead
-        took SLOWER times what was measured for it (the node's state has changed)."""
-        if self.unseen and self.agreed[lead] > SLOWER * self.measured[lead]:
-            for i in self.unseen:
-                self.dropped.discard(i)
-                self.times[i] = []
-            self.unseen.clear()
-
     def _due(self, lead: int) -> int | None:
         """The candidate whose trial comes next (the fewest calls made), or None."""
         left = [i for i in range(len(self.names)) if i != lead and not self._done(i)]
@@ -244,7 +217,6 @@ class _Trials:
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
         self.agreed[lead] = float(agreed[0])
-        self._verify(lead)
         if i != lead:  # what it cost beyond the lead; its median once timed, and whether to go on
             self.spent += max(0.0, float(agreed[2]) - self.agreed[lead])
             self.agreed[i] = float(agreed[1] if self.times[i] else agreed[2])
@@ -413,7 +385,6 @@ class Tuner:
             tried = [a.name for a in shortlist]
             trials = self.trying[key] = _Trials(tried, timed_calls(nbytes),
                                                 spread=nbytes >= SPREAD_FROM)  # fmt: skip
-            trials.known(None if seconds is None else [seconds[name] for name in tried])
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
@@ -594,17 +565,10 @@ def _store(path: str, layout: str, key: Key, winner: str, times: dict[str, float
 # process and layout, on buffers of CALIBRATED_FROM bytes taken in turn (twice
 # the last-level cache between a buffer's uses, where eight buffers span that):
 # in turn, a call each for its one-time costs, then twice; the best of its timed
-# calls, the slowest rank's. From that size the fastest leads a class's calls,
-# and its trials leave out those that took SLOWER times the fastest's (the
-# library's call: LIBRARY_SLOWER times), their measured time standing for their
-# trials': a candidate tried costs the first calls what it is slower (the
-# library's first call at 16 MiB costs twice the fastest's).
+# calls, the slowest rank's. From that size the fastest leads a class's calls;
+# its trials still try every candidate: a measurement at one size and moment is
+# no verdict on another, and what a trial costs is bounded against the lead.
 CALIBRATED_FROM = 16 << 20
-SLOWER = 1.25
-# The library's call is left out only where measured this many times the fastest's:
-# auto is never to be slower than the library, and the node's state may have changed
-# since (its trial costs the first calls what it is slower, twice).
-LIBRARY_SLOWER = 2.0
 # (ranks, nodes, ranks of the largest node) -> candidate -> seconds per byte
 _measured: dict[tuple[int, int, int], dict[str, float]] = {}
 

@@ -10,7 +10,7 @@ nothing). ``mpi4py`` is
 the library's own call through mpi4py, the baseline; ``-a all`` is auto, every
 registered algorithm of the collective that can run here, and mpi4py. The
 algorithms' calls take turns; auto's tuner settles each size during the
-warm-up calls (up to 33 from 64 KiB to 4 MiB: 11 for each of 3 candidates).
+warm-up calls (up to 44 from 64 KiB to 4 MiB: 11 for each of 4 candidates).
 Reduce_scatter_block of float32 SUM on verifiable inputs; Allgather of float32
 blocks of rank-dependent integers: every expected value is exact.
 """
@@ -41,7 +41,7 @@ def _parser(command: str) -> ArgumentParser:
         "-w",
         "--warmup",
         type=whole(0),
-        default=40,
+        default=44,
         help="untimed calls first: auto's tuner settles in them",
     )
     p.add_argument(

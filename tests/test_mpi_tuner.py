@@ -470,18 +470,22 @@ def _evidence(comm, fastest: str, seconds: float) -> dict[str, float]:
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
-@pytest.mark.parametrize("fastest", ["ring", "mpi"])
+@pytest.mark.parametrize("which", ["own", "mpi"])
 def test_the_hosts_evidence_starts_a_large_class_on_the_measured_fastest(settings, comm,
-                                                                        monkeypatch, fastest):  # fmt: skip
+                                                                        monkeypatch, which):  # fmt: skip
     """From tuner.CALIBRATED_FROM, with this host's evidence (tuner.calibrate), a class
-    starts on the measured fastest (ring, or the library's call), not on the model's
-    best (dawdle); its trials still try the others (measured a hundred times slower:
-    one measurement is no verdict)."""
+    starts on the candidate measured fastest (another of ringmpi's own than the model's
+    best, or the library's call), not on the model's best (dawdle); its trials still
+    try the others (measured a hundred times slower: one measurement is no verdict)."""
     settings(tuner="memory")
     ctx = context(comm)
-    layout = (ctx.size, *ctx.nodes(ringmpi._settings.current()))
-    monkeypatch.setattr(tuner, "_measured", {layout: _evidence(comm, fastest, 1e-3)})
+    now = ringmpi._settings.current()
+    layout = (ctx.size, *ctx.nodes(now))
     count = tuner.CALIBRATED_FROM // 4
+    shortlist = algorithms._auto(4 * count, ctx, now, False, False, True).shortlist
+    fastest = shortlist[1].name if which == "own" else "mpi"
+    assert shortlist[0].name == "dawdle" and fastest in [a.name for a in shortlist]
+    monkeypatch.setattr(tuner, "_measured", {layout: _evidence(comm, fastest, 1e-3)})
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
     got = np.empty_like(x)
     problems = []

@@ -93,11 +93,11 @@ def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
     (:mod:`ringmpi.algorithms.tuner`) decides between the model's best, the best of
     the other kind, the model's next (:func:`shortlist_of`) and the library's
     MPI_Allreduce (where it gives ringmpi's answer: :func:`library_agrees`): while
-    it tries them this returns
-    a :class:`~ringmpi.algorithms.tuner.Trial`. It does so only where every candidate
-    gives the same bits (:func:`answers_agree`; elsewhere the model's pick stands), so
-    that no trial changes what a call returns. The choice is kept per communicator,
-    size and settings, so it costs one lookup after the first call.
+    it tries them this returns a :class:`~ringmpi.algorithms.tuner.Trial`. It does
+    so only where every candidate gives the same bits (:func:`answers_agree`;
+    elsewhere the model's pick stands), so that no trial changes what a call returns.
+    The choice is kept per communicator, size and settings, so it costs one lookup
+    after the first call.
 
     Where the reduction order matters (``reproducible`` and a floating or complex
     ``red``; None counts as one) auto chooses among the algorithms that keep it,

@@ -29,7 +29,6 @@ import collections
 import ctypes
 import functools
 import importlib
-import os
 import threading
 import warnings
 from collections.abc import Callable
@@ -596,10 +595,7 @@ def _cores() -> tuple[int, int]:
 def own_cores() -> int:
     """The cores this process may run on: its affinity (the machine's cores where that
     is not known)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return _host.cores()
+    return len(_host.affinity())
 
 
 def spare_core(ctx) -> bool:

@@ -77,12 +77,14 @@ def timed_calls(nbytes: int) -> int:
     return next((calls for upto, calls in _TIMED if nbytes <= upto), TIMED)
 
 
-def most_trial_calls(nbytes: int, candidates: int = 4) -> int:
-    """The most calls a class's trials take: each candidate's untimed call and
+def most_trial_calls(nbytes: int, candidates: int | None = None) -> int:
+    """The most calls a class's trials take (``candidates``, SHORTLIST and the
+    library's call where None): each candidate's untimed call and
     :func:`timed_calls` (from SPREAD_FROM, each of the others' calls after up to
     GAP_MOST of the first's, and the first's own), and a second round of two
     candidates' timed calls."""
     timed = timed_calls(nbytes)
+    candidates = SHORTLIST + 1 if candidates is None else candidates
     if nbytes >= SPREAD_FROM:
         return (candidates - 1) * (1 + timed) * (1 + GAP_MOST) + 1 + timed + 2 * timed
     return candidates * (1 + timed) + 2 * timed
@@ -369,10 +371,7 @@ class Tuner:
         trials = self.trying.get(key)
         # a nonblocking call's, below SPREAD_FROM: never a trial, nor counted
         job = bool(_progress.in_job[0]) and nbytes < SPREAD_FROM
-        seconds = None  # this host's evidence (calibrate), looked up as a class's trials begin
-        if trials is None and collective == "allreduce":
-            seconds = measured(ctx, self.settings, [a.name for a in shortlist], nbytes)
-        shortlist = self._ordered(key, shortlist, seconds)
+        shortlist = self._ordered(key, shortlist, ctx, nbytes)
         if trials is None and collective == "allreduce":
             left = self.left.get(key)
             if left is None:
@@ -388,14 +387,13 @@ class Tuner:
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
-    def _ordered(self, key: Key, shortlist: list,
-                 seconds: dict[str, float] | None = None) -> list:  # fmt: skip
+    def _ordered(self, key: Key, shortlist: list, ctx: Context, nbytes: int) -> list:
         """The class's candidates, its incumbent first: the winner of the nearest class
         settled within NEAR classes of it (of its collective, and like it with the
         library's call among the candidates or not; the smaller on a tie) where that
-        is one of them, else the one this host measured fastest (``seconds``, by name,
-        where given), else the model's best. Decided at the class's first
-        call."""
+        is one of them, else, for the all-reduce, the one this host measured fastest
+        (:func:`measured`, where it was), else the model's best. Decided at the
+        class's first call."""
         found = self.order.get(key)
         if found is None:
             klass, kind = _size_class(key), _collective(key)
@@ -405,8 +403,10 @@ class Tuner:
                      if _collective(k) == kind and name in candidates)
                     if (c > 0) == (klass > 0) and 0 < abs(c - klass) <= NEAR]  # fmt: skip
             winner = min(near)[2] if near else None
-            if winner is None and seconds is not None:
-                winner = min(seconds, key=seconds.__getitem__)
+            if winner is None and kind == "allreduce":
+                seconds = measured(ctx, self.settings, [a.name for a in shortlist], nbytes)
+                if seconds is not None:
+                    winner = min(seconds, key=seconds.__getitem__)
             found = self.order[key] = sorted(shortlist, key=lambda a: a.name != winner)
         return found
 

@@ -834,14 +834,17 @@ class _Mpix:
         stack changes only in compiled calls, which hold the GIL: a start on another
         thread never sees it half changed.)"""
         with self._refilling:
-            freed = []
+            freed = np.empty(0, np.int64)
             for chunk in self._chunks:
-                base = chunk.ctypes.data
-                for i in np.flatnonzero(chunk[_FLAGS::_SLOT] & _FREED).tolist():
-                    self._jobs.pop(base + 8 * _SLOT * i, None)
-                    chunk[_SLOT * i + _FLAGS] = 0
-                    freed.append(base + 8 * _SLOT * i)
-            if not freed:
+                flags = chunk[_FLAGS::_SLOT]
+                cells = np.flatnonzero(flags & _FREED)
+                flags[cells] = 0
+                freed = np.concatenate((freed, chunk.ctypes.data + 8 * _SLOT * cells))
+            if self._jobs and freed.size:
+                gone = set(freed.tolist())
+                for address in [a for a in self._jobs if a in gone]:
+                    del self._jobs[address]
+            if not freed.size:
                 chunk = np.zeros(_CHUNK * _SLOT, np.int64)
                 chunk[_BYTE::_SLOT], chunk[_ERR_OTHER::_SLOT] = self._byte, self._err_other
                 self._chunks.append(chunk)
@@ -849,8 +852,8 @@ class _Mpix:
                     grown = np.zeros(len(self._stack) + _CHUNK * 4, np.int64)
                     _moved(self._stack, grown, self._begin_cells.view(np.ndarray), _B_STACK)
                     self._stack = grown
-                freed = (chunk.ctypes.data + 8 * _SLOT * np.arange(_CHUNK - 1, -1, -1)).tolist()
-            _pushed(self._stack, np.array(freed, np.int64))
+                freed = chunk.ctypes.data + 8 * _SLOT * np.arange(_CHUNK - 1, -1, -1)
+            _pushed(self._stack, freed)
 
     def _python_begin(self, request: MPI.Request) -> int:
         """What the begin builtin does (where it cannot be made): :func:`_pop_begin`."""

@@ -834,12 +834,13 @@ class _Mpix:
         stack changes only in compiled calls, which hold the GIL: a start on another
         thread never sees it half changed.)"""
         with self._refilling:
-            freed = np.empty(0, np.int64)
+            parts = []
             for chunk in self._chunks:
                 flags = chunk[_FLAGS::_SLOT]
                 cells = np.flatnonzero(flags & _FREED)
                 flags[cells] = 0
-                freed = np.concatenate((freed, chunk.ctypes.data + 8 * _SLOT * cells))
+                parts.append(chunk.ctypes.data + 8 * _SLOT * cells)
+            freed = np.concatenate(parts) if parts else np.empty(0, np.int64)
             if self._jobs and freed.size:
                 gone = set(freed.tolist())
                 for address in [a for a in self._jobs if a in gone]:

@@ -285,9 +285,9 @@ def _run(
 ):
     """Run the call; returns (``make``, at once): ``make()`` gives the call made ready
     (:class:`~ringmpi.algorithms.Call`) for its repeats, to be remembered at once (a
-    call of auto's lease, counted) or at its first repeat; None where it is not to be
-    repeated so (a validated call, a trial of auto's tuner, an untuned class's call
-    in a nonblocking call's job)."""
+    call of auto's lead between trials, counted) or at its first repeat; None where it
+    is not to be repeated so (a validated call, a trial of auto's tuner, the lead's
+    call of a large class)."""
     if (_WINDOWS and algorithm == "auto" and _settings.current().algorithm == "auto"
             and algorithms.symmetric.pays(recv, send, count, red)):  # fmt: skip
         algorithm = "symmetric"  # window-resident arrays: read where they lie (as auto)
@@ -335,9 +335,9 @@ def _run(
             recv.flat[:count] = work
     if validate or isinstance(algo, algorithms.Trial):
         return None
-    if isinstance(algo, algorithms.Lease):  # its call, counted: remembered at once
-        return None if algo.left is None else (functools.partial(algo.call, red, ctx, count,
-                                                                  timeout), True)  # fmt: skip
+    if isinstance(algo, algorithms.Lead):  # its call, counted: remembered at once
+        kept = functools.partial(algo.call, red, ctx, count, timeout), True
+        return kept if algo.kept else None
     return functools.partial(algorithms.prepared, algo, red, ctx, count, timeout), False
 
 

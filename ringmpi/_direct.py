@@ -743,7 +743,7 @@ def _pstart(holder, args, nargs, kwnames):
 def _started(own, table, at, send, source, recv, request):
     """Start the generalized request of ``request`` (a reference this takes over), its
     call (the entry at ``at``, from ``source`` into ``recv``'s data; a counted
-    call's own, uncounted: a nonblocking call takes nothing off auto's lease) kept
+    call's own, uncounted: a nonblocking call takes nothing off auto's lead) kept
     in its cells for its completion to make: 0; _MISS where no free cells were at
     hand (or MPI failed: the Python start makes them, and raises), 1 with the
     exception set."""

@@ -234,7 +234,7 @@ def _run(record, collective: str, nbytes: int, key: tuple, comm: Any, args: tupl
     chosen = record
     if chosen is None:
         chosen = algorithms.choose("auto", nbytes, args[2], args[1], collective=collective)
-        if not isinstance(chosen, algorithms.Trial) and not chosen.own:
+        if not isinstance(chosen, algorithms.UNSETTLED) and not chosen.own:
             _settled.put(key, comm)  # later calls go to the library first thing
     if _trace._active:
         _trace.record_call(chosen.name)

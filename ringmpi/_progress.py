@@ -68,9 +68,9 @@ pending: list[Job] = []
 # How many jobs are being carried out now, on any thread (one item): a call a job
 # makes below 4 MiB runs no trial of auto's tuner (ringmpi.algorithms.tuner), whose
 # Python, copies and agreeing collective cost more than the call a program
-# overlaps; from 4 MiB (tuner.SPREAD_FROM) it takes its turn in the class's trials
-# as a blocking call does (its calls, in call order on every rank, are no
-# remembered call's steps: a class being tried remembers none).
+# overlaps; from 4 MiB (tuner.REMEMBERED_BELOW) it takes its turn in the class's
+# trials as a blocking call does (its calls, in call order on every rank, are no
+# remembered call's steps: a class being tried remembers none of that size).
 in_job = [0]
 
 # How long the progress thread polls for the next call before it sleeps, and a Wait

@@ -152,9 +152,9 @@ class Settings:
     progress: str = _setting("auto", _one_of(PROGRESS), "who carries out nonblocking calls")
     tuner: str = _setting("auto", _tuner, "auto's online tuner: auto, memory, off or a directory")
     retune_days: float = _setting(30.0, _days, "days after which a tuned choice is tried again")
-    lease: int | None = _setting(None, _auto_or(0, "calls"), "untuned classes' first calls "
-                                 "that run the cost model's best before the tuner's "
-                                 "trials: auto or a number")  # fmt: skip
+    spacing: int | None = _setting(None, _auto_or(0, "calls"), "the calls of auto's lead "
+                                   "between two of its tuner's trials: auto (within a "
+                                   "budget of the lead's time) or a number")  # fmt: skip
     threads: int | None = _setting(None, _auto_or(1, "threads"), "threads of a rank's node "
                                    "reductions: auto (its share of the cores) or a "
                                    "number")  # fmt: skip

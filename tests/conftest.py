@@ -24,9 +24,9 @@ LOGS = Path(__file__).parent / ".logs"
 # timings: auto's online tuner is off (here and in every mpirun a test starts)
 # except in the tests of the tuner, which turn it on with a directory of their own.
 os.environ.setdefault("RINGMPI_TUNER", "off")
-# Where they turn it on, its trials start at a size's first call: no lease of the
-# library's call first (tests/test_mpi_lease.py tests the lease).
-os.environ.setdefault("RINGMPI_LEASE", "0")
+# Where they turn it on, its trials come back to back: none of the lead's calls
+# between them (tests/test_mpi_lead.py tests the spacing).
+os.environ.setdefault("RINGMPI_SPACING", "0")
 
 
 def _swept(linger: float, own: bool = False):

@@ -467,12 +467,12 @@ def test_the_header_says_cores_and_where_autos_choices_come_from(tmp_path):
 
 
 @pytest.mark.family  # it starts mpirun
-def test_autos_lease_and_trials_run_untimed_before_its_row(tmp_path):
-    """An untuned class's lease (its first calls, the model's best) and then the
-    trials run before auto's row is timed: the row is the tuned choice's."""
-    out = tmp_path / "lease.json"
+def test_autos_trials_and_leads_calls_run_untimed_before_its_row(tmp_path):
+    """An untuned class's trials and its lead's calls between them (the model's
+    best) run before auto's row is timed: the row is the tuned choice's."""
+    out = tmp_path / "trials.json"
     p = run(2, "-b", "8", "-e", "64K", "-f", "64", "-n", "2", "-a", "auto", "--json", str(out),
-            env={"RINGMPI_TUNER": "memory", "RINGMPI_LEASE": "7"})  # fmt: skip
+            env={"RINGMPI_TUNER": "memory", "RINGMPI_SPACING": "7"})  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [r["tuned_in_this_run"] for r in rows] == [True, True, True]

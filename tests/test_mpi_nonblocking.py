@@ -238,7 +238,7 @@ def test_a_repeated_start_runs_in_c_and_completes_exactly(settings, kind):
             del req
             problems += [] if gone() is None else [f"call {k}: the request kept"]
     # The first start is checked in Python; from the second or third on (once the job's
-    # blocking call is remembered: at once where counted off auto's lease) they start in C.
+    # blocking call is remembered: at once where counted off auto's lead's calls) they start in C.
     if _starts_in_c(buf, comm):
         problems += [] if not in_c[0] and in_c[2:] == [True] * 6 else [f"started in C: {in_c}"]
     if kind == "Allreduce_init":

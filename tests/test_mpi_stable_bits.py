@@ -3,9 +3,10 @@ times candidates in a size class's first calls, never changes what a call return
 
 Random floats (not the small integers of the exactness tests, which every order
 sums exactly) on an untuned communicator: the same call again and again, through
-the library's calls of an untuned class (its lease), the tuner's trials and after
-it settled, must return the first call's bits on every rank. Where the candidates would differ (floating sums at three ranks and
-more), the tuner does not run and the model's pick stands.
+the tuner's trials, its lead's calls between them and after it settled, must
+return the first call's bits on every rank. Where the candidates would differ
+(floating sums at three ranks and more), the tuner does not run and the model's
+pick stands.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ def comm():
 @pytest.mark.parametrize("nbytes", [8, 64 << 10, 1 << 20, 16 << 20])
 @pytest.mark.parametrize(("op", "dtype"), [(MPI.SUM, np.float64), (MPI.SUM, np.float32),
                                            (MPI.MAX, np.float64)])  # fmt: skip
-@pytest.mark.parametrize("lease", [0, 3])  # the library's call first, or the trials at once
+@pytest.mark.parametrize("spacing", [0, 3])  # the trials back to back, or the lead's between
 def test_identical_calls_give_identical_bits_from_the_first_on(settings, comm, nbytes, op, dtype,
-                                                              lease):  # fmt: skip
-    settings(tuner="memory", lease=lease)  # no file: the trials run in these very calls
+                                                              spacing):  # fmt: skip
+    settings(tuner="memory", spacing=spacing)  # no file: the trials run in these very calls
     rng = np.random.default_rng(1000 + comm.rank)
     x = (rng.standard_normal(nbytes // np.dtype(dtype).itemsize) * 1e3).astype(dtype)
     x[::7] *= 1e-6  # magnitudes far apart: each order of the sum rounds differently
     out = np.empty_like(x)
-    calls = lease + tuner.most_trial_calls(nbytes) + 2  # the lease, every trial, the winner
+    calls = (1 + spacing) * tuner.most_trial_calls(nbytes) + 2  # the trials, the lead's, the winner
     problems, first = [], None
     with ringmpi.trace() as t:
         for i in range(calls):

@@ -10,9 +10,7 @@ tuner tries candidates only where their answers agree: test_mpi_stable_bits.py).
 
 from __future__ import annotations
 
-import collections
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -90,22 +88,24 @@ def test_the_trials_take_turns_then_every_rank_keeps_the_same_winner(settings, w
     settings(tuner=where)
     timed = tuner.timed_calls(NBYTES)
     first = algorithms.choose("auto", NBYTES, context(comm), None)
-    assert isinstance(first, algorithms.Trial) and first.name == "dawdle"
+    assert isinstance(first, algorithms.Lead) and first.name == "dawdle"
     names = tuner.tuner(context(comm), ringmpi._settings.current(), 1, 1).trying[KLASS].names
     assert names[0] == "dawdle" and names[-1] == "mpi" and len(names) == 1 + tuner.SHORTLIST
     first_round = len(names) * (1 + timed)
     t, problems = calls(comm, first_round + 2 * timed + 3, timeout=timeout)
     agree(comm, problems)
-    # Round robin, each candidate's first call untimed; where one of ringmpi's own led
-    # the library by little, a second round of the two, all timed; then the winner.
-    assert [x.algorithm for x in t.trials[:first_round]] == names * (1 + timed)
-    second = [x.algorithm for x in t.trials[first_round:]]
+    # The incumbent's first call (the class's first: not a trial) and its first timed
+    # trial, then turns (the fewest trials first), each other candidate's first call
+    # untimed; where one of ringmpi's own led the library by little, a second round
+    # of the two, all timed; then the winner.
+    order = names[:1] + names[1:] * 2 + names * (timed - 1)
+    assert [x.algorithm for x in t.trials[: first_round - 1]] == order
+    second = [x.algorithm for x in t.trials[first_round - 1 :]]
     assert second == [] or (second == [second[0], "mpi"] * timed and second[0] != "mpi")
-    assert [x.timed for x in t.trials] == [False] * len(names) + [True] * (
-        len(t.trials) - len(names)
-    )
-    assert [x.call for x in t.trials] == list(range(len(t.trials)))
-    assert len(t.tuned) == 1 and t.tuned[0].call == len(t.trials) - 1
+    untimed = [False] + [True] * (len(names) - 1)
+    assert [not x.timed for x in t.trials] == untimed + [False] * (len(t.trials) - len(untimed))
+    assert [x.call for x in t.trials] == list(range(1, 1 + len(t.trials)))
+    assert len(t.tuned) == 1 and t.tuned[0].call == len(t.trials)
     won = t.tuned[0].algorithm
     assert won != "dawdle" and set(t.tuned[0].seconds) == set(
         names if not second else [second[0], "mpi"]
@@ -155,20 +155,20 @@ def test_a_class_starts_on_the_winner_of_a_class_near_it(settings, comm):
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
-def test_nonblocking_calls_alone_tune_a_class_from_spread_from(settings, comm):
-    """From tuner.SPREAD_FROM a nonblocking call's job takes its turn in the class's
+def test_nonblocking_calls_alone_tune_a_class_from_remembered_below(settings, comm):
+    """From tuner.REMEMBERED_BELOW a nonblocking call's job takes its turn in the class's
     trials as a blocking call does: a program of Iallreduce calls alone settles the
     class, on the same winner on every rank, not the slow favourite (dawdle); every
     call exact. Where the requests are the library's, no trial."""
     from ringmpi import _progress
 
     settings(tuner="memory")
-    count = tuner.SPREAD_FROM // 4
+    count = tuner.REMEMBERED_BELOW // 4
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
     got = np.empty_like(x)
     wrong = 0
     with ringmpi.trace() as t:
-        for _ in range(tuner.most_trial_calls(tuner.SPREAD_FROM) + 1):
+        for _ in range(tuner.most_trial_calls(tuner.REMEMBERED_BELOW) + 1):
             if t.tuned:
                 break
             ringmpi.Iallreduce(x, got, MPI.SUM, comm).Wait()
@@ -185,45 +185,47 @@ def test_nonblocking_calls_alone_tune_a_class_from_spread_from(settings, comm):
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
-def test_large_calls_start_with_the_models_best_and_spread_the_others(settings, comm):
-    """From tuner.SPREAD_FROM no lease: the model's best (dawdle) runs the first calls,
-    the others' calls come between its calls, spaced by their cost beyond it, and once
-    one has made its timed calls faster, the calls between run that one; every call
-    exact, one winner on every rank, and not the slow favourite."""
-    settings(tuner="memory")
-    count = tuner.SPREAD_FROM // 4
+def test_the_models_best_leads_and_the_others_trials_come_between_its_calls(settings, comm):
+    """With the spacing auto, the model's best (dawdle) makes the first calls and its
+    first timed trial, then runs the calls between the others' trials, spaced by
+    their cost beyond it, and once one has made its timed calls faster, the calls
+    between run that one; every call exact, one winner on every rank, and not the
+    slow favourite."""
+    settings(tuner="memory", spacing="auto")
+    count = tuner.REMEMBERED_BELOW // 4
     x = verify.verify_inputs(MPI.SUM, "int32", comm.rank, count)
     got = np.empty_like(x)
     problems = []
     with ringmpi.trace() as t:
-        for i in range(tuner.most_trial_calls(tuner.SPREAD_FROM) + 2):
+        for i in range(tuner.most_trial_calls(4 * count) * (1 + tuner.GAP_MOST) + 2):
             if t.tuned and t.tuned[0].call < i - 1:  # settled on every rank at once
                 break
             ringmpi.Allreduce(x, got, MPI.SUM, comm)
             if verify.count_wrong(got, MPI.SUM, comm.size):
                 problems.append(f"call {i}: wrong")
     agree(comm, problems)
-    ran = [x.algorithm for x in t.trials]
     assert len(t.tuned) == 1 and t.tuned[0].algorithm != "dawdle"
     assert len(set(comm.allgather(t.tuned[0].algorithm))) == 1
-    assert ran[:2] == ["dawdle", "dawdle"] and [x.timed for x in t.trials[:2]] == [False, True]
-    others = [i for i, name in enumerate(ran) if name != "dawdle"]
-    # the first comes after dawdle's two calls, spaced from the budget of the calls
-    # made and BUDGET_AHEAD more (dawdle's median, agreed: the slowest rank's)
-    first = others[0]
-    inc = max(comm.allgather(float(np.median([x.seconds for x in t.trials[:2] if x.timed]))))
-    beyond = (inc + tuner.ONE_TIME_S) / (tuner.TRIAL_BUDGET * inc) - tuner.BUDGET_AHEAD - 2
-    assert first == 2 + min(tuner.GAP_MOST, max(1, math.ceil(beyond)))
-    for name in set(ran) - {"dawdle"}:  # its first call untimed
+    trials = {x.call: x for x in t.trials}
+    timed = t.trials[0]  # after the first call and at least one more, dawdle's timed trial
+    assert (timed.algorithm, timed.timed) == ("dawdle", True) and timed.call >= 2
+    assert set(t.ran[: timed.call]) == {"dawdle"}
+    # the first other trial comes after at least one of dawdle's calls and at most
+    # gap_most of them (dawdle's median, agreed: the slowest rank's)
+    inc = max(comm.allgather(timed.seconds))
+    first = t.trials[1].call
+    assert t.trials[1].algorithm != "dawdle" and set(t.ran[timed.call + 1 : first]) == {"dawdle"}
+    assert 1 <= first - timed.call - 1 <= tuner.gap_most(inc)
+    for name in {x.algorithm for x in t.trials} - {"dawdle"}:  # its first call untimed
         assert not next(x for x in t.trials if x.algorithm == name).timed
-    # then the first to make all its timed calls, 3 ms faster, leads: dawdle runs at
-    # most the rest of its own
-    made = 1 + tuner.timed_calls(tuner.SPREAD_FROM)
-    done = next(i for i, name in enumerate(ran)
-                if name != "dawdle" and ran[: i + 1].count(name) == made)  # fmt: skip
-    after = ran[done + 1 :]
-    assert after.count("dawdle") <= 1 + tuner.timed_calls(tuner.SPREAD_FROM)
-    assert not after or collections.Counter(after).most_common(1)[0][0] != "dawdle"
+    # once another has made all its timed calls, 3 ms faster, it leads: dawdle runs
+    # no call between the trials after it
+    made = 1 + tuner.timed_calls(4 * count)
+    done = next(x.call for x in t.trials
+                if x.algorithm != "dawdle"
+                and sum(y.algorithm == x.algorithm for y in t.trials if y.call <= x.call) == made)  # fmt: skip
+    between = [name for i, name in enumerate(t.ran) if i > done and i not in trials]
+    assert "dawdle" not in between
 
 
 @pytest.mark.skipif(WORLD.size == 1, reason="one rank has nothing to choose")
@@ -259,7 +261,7 @@ def tried_again(first: ringmpi.Trace) -> None:
     calls are the trials ``first`` began with."""
     fresh = WORLD.Dup()
     try:
-        t, problems = calls(fresh, 1 + tuner.SHORTLIST)
+        t, problems = calls(fresh, 2 + tuner.SHORTLIST)
         agree(fresh, problems)
         began = [x.algorithm for x in first.trials[: 1 + tuner.SHORTLIST]]
         assert [x.algorithm for x in t.trials] == began and began[-1] == "mpi"
@@ -367,7 +369,7 @@ def test_a_cached_algorithm_that_is_not_registered_is_tried_again(settings, wher
     WORLD.Barrier()
     fresh = WORLD.Dup()
     try:
-        t2, problems = calls(fresh, 3)
+        t2, problems = calls(fresh, 4)  # the lead's first call, then three trials
         agree(fresh, problems)
         assert [x.algorithm for x in t2.trials] == [x.algorithm for x in t.trials[:3]]
     finally:
@@ -439,13 +441,13 @@ def test_a_thin_lead_over_the_library_is_timed_again_and_a_loser_dropped(setting
     ctx = context(comm)
     t = tuner.tuner(ctx, ringmpi._settings.current(), 1, 1)
     # dawdle 10 % faster than the library: too thin to keep at once
-    first = tuner._Trials(["dawdle", "mpi"], 3)
+    first = tuner._Trials(["dawdle", "mpi"], 3, np.zeros(1, np.int64), 0)
     first.times = [[0.9e-3] * 3, [1.0e-3] * 3]
     t.trying[KLASS] = first
     t.settle(KLASS, first, ctx, 0.0)
     again = t.trying[KLASS]
-    assert KLASS not in t.known and again.second and again.untimed == 0
-    assert again.names == ["dawdle", "mpi"] and again.total == 6
+    assert KLASS not in t.known and again.second and again.runs == [1, 1]  # no untimed call
+    assert again.names == ["dawdle", "mpi"] and again.left is first.left and not again.finished
     assert again.times == [[0.9e-3] * 3, [1.0e-3] * 3]
     # its second round's calls 2 ms: the median of both rounds is the library's loss
     again.times[0] += [2e-3] * 3
@@ -453,7 +455,7 @@ def test_a_thin_lead_over_the_library_is_timed_again_and_a_loser_dropped(setting
     t.settle(KLASS, again, ctx, 0.0)
     assert t.known[KLASS] == "mpi" and KLASS not in t.trying
     # a lead of 50 %: kept at once
-    clear = tuner._Trials(["dawdle", "mpi"], 3)
+    clear = tuner._Trials(["dawdle", "mpi"], 3, np.zeros(1, np.int64), 0)
     clear.times = [[0.5e-3] * 3, [1.0e-3] * 3]
     t.trying[KLASS + 1] = clear
     t.settle(KLASS + 1, clear, ctx, 0.0)
@@ -496,5 +498,5 @@ def test_the_hosts_evidence_starts_a_large_class_on_the_measured_fastest(setting
                 problems.append("wrong")
     agree(comm, problems)
     ran = [x.algorithm for x in t.trials]
-    assert ran[:2] == [fastest, fastest]
-    assert set(ran[2:]) - {fastest}, ran  # the others tried after the lead's second call
+    assert t.ran[0] == ran[0] == fastest  # its first call, then its first timed trial
+    assert set(ran[1:]) - {fastest}, ran  # the others tried after it

@@ -20,23 +20,23 @@ def test_every_field_has_its_variable_and_the_defaults_are_unset():
          "RINGMPI_WINDOW_STORES", "RINGMPI_PIECE_BYTES", "RINGMPI_ACROSS", "RINGMPI_TIMEOUT",
          "RINGMPI_REPRODUCIBLE", "RINGMPI_WAIT", "RINGMPI_OVERSUBSCRIBED", "RINGMPI_PROGRESS",
          "RINGMPI_TUNER",
-         "RINGMPI_RETUNE_DAYS", "RINGMPI_LEASE", "RINGMPI_THREADS"]
+         "RINGMPI_RETUNE_DAYS", "RINGMPI_SPACING", "RINGMPI_THREADS"]
     )  # fmt: skip
     empty, none = Settings.from_environ(env), Settings.from_environ({})
     for f in dataclasses.fields(Settings):
         assert getattr(empty, f.name) == getattr(none, f.name) == f.default, f.name
 
 
-@pytest.mark.parametrize(("value", "lease"), [("auto", None), (" 12 ", 12), ("0", 0), (7, 7)])
-def test_the_lease_is_auto_or_a_number_of_calls(value, lease):
-    assert Settings().changed(lease=value).lease == lease
-    assert Settings.from_environ({"RINGMPI_LEASE": str(value)}).lease == lease
+@pytest.mark.parametrize(("value", "spacing"), [("auto", None), (" 12 ", 12), ("0", 0), (7, 7)])
+def test_the_spacing_is_auto_or_a_number_of_calls(value, spacing):
+    assert Settings().changed(spacing=value).spacing == spacing
+    assert Settings.from_environ({"RINGMPI_SPACING": str(value)}).spacing == spacing
 
 
 @pytest.mark.parametrize("value", ["-1", "many", 2.5, True])
-def test_a_bad_lease_is_named(value):
-    with pytest.raises(ValueError, match=r"lease must be auto or a whole number of calls >= 0"):
-        Settings().changed(lease=value)
+def test_a_bad_spacing_is_named(value):
+    with pytest.raises(ValueError, match=r"spacing must be auto or a whole number of calls >= 0"):
+        Settings().changed(spacing=value)
 
 
 @pytest.mark.parametrize(("value", "threads"), [("auto", None), (" 2 ", 2), (1, 1), ("", None)])

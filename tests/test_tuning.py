@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 from conftest import auto_choice
 
@@ -105,47 +106,63 @@ def test_the_tuner_tries_the_best_of_each_kind():
     assert tried(*ranked) == ["shared_memory", "ring", "hierarchical"]
 
 
-def test_the_spread_trials_run_the_lead_between_the_others():
-    from ringmpi.algorithms import tuner
-
-    t = tuner._Trials(["incumbent", "fast", "slow"], 2, spread=True)
-    t.runs, t.agreed, t.gap = [2, 2, 1], [0.010, 0.005, 0.0], 3
-    assert t.lead == 0 and t.next() == 0  # fast has made one of its two timed calls
+def test_the_trials_take_turns_and_the_fastest_done_leads():
+    t = _trials(["incumbent", "fast", "slow"], 2)
+    assert t.next() == 0  # the incumbent's first two trials
+    t.runs = [1, 0, 0]
+    assert t.next() == 0
+    t.runs, t.agreed = [2, 0, 0], [0.010, 0.0, 0.0]
+    assert t.next() == 1  # then the fewest trials made first, the lead's own among them
+    t.runs, t.agreed = [2, 2, 1], [0.010, 0.005, 0.0]
+    assert t.lead == 0 and t.next() == 2  # fast has made one of its two timed calls
     t.runs[1] = 3  # all its timed calls made, its agreed median the fastest: it leads
-    assert t.lead == 1 and t.next() == 1
-    t.gap = 0  # then the others' trials, the incumbent among them once it no longer leads
-    assert t.next() == 2
+    assert t.lead == 1 and t.next() == 2
     t.runs[2], t.agreed[2] = 3, 0.004
-    assert t.lead == 2 and t.next() == 0
+    assert t.lead == 2 and t.next() == 0  # the incumbent's last trial
     t.dropped.add(2)
     assert t.lead == 1
     t.runs[0] = 3
     assert t.finished
 
 
-def test_the_spread_trials_spend_ahead_then_keep_within_the_budget():
+def _trials(names, timed, spacing=None):
     from ringmpi.algorithms import tuner
 
-    t = tuner._Trials(["incumbent", "a", "b"], 5, spread=True)
+    return tuner._Trials(names, timed, np.zeros(1, np.int64), spacing)
+
+
+def test_the_trials_spend_ahead_then_keep_within_the_budget():
+    from ringmpi.algorithms import tuner
+
+    t = _trials(["incumbent", "a", "b"], 5)
     t.runs, t.calls, t.agreed = [2, 0, 0], 2, [0.004, 0.0, 0.0]
     per_call = tuner.TRIAL_BUDGET * 0.004  # what the budget grants a call of the lead
     ahead = tuner.BUDGET_AHEAD
-    # nothing known of a: the lead's time again and ONE_TIME_S beyond it, from the
-    # budget of the 2 calls made and BUDGET_AHEAD more
-    assert t._spacing(0, 1) == max(1, math.ceil((0.004 + tuner.ONE_TIME_S) / per_call
-                                                - ahead - 2))  # fmt: skip
-    t.spent = 0.004  # what the others' calls took beyond the lead's so far
-    assert t._spacing(0, 1) == math.ceil((0.008 + tuner.ONE_TIME_S) / per_call - ahead - 2) > 1
-    t.runs[1], t.agreed[1] = 1, 0.010  # its first call's time: at most what one costs
+    # nothing known of a: the lead's time again and ONE_TIME_S beyond it, less what
+    # BUDGET_AHEAD calls grant (the credit: no more than that)
+    assert t._spacing(0, 1) == math.ceil((0.004 + tuner.ONE_TIME_S) / per_call - ahead) == 3
+    t.spent = 0.004  # what the trials took beyond the lead's calls so far: over budget
+    assert t._spacing(0, 1) == math.ceil((0.008 + tuner.ONE_TIME_S) / per_call - ahead - 2) == 11
+    t.first = 0.006  # a first trial took 6 ms, all told: the guess for another's first
+    assert (0.004 + 0.002) / per_call - ahead - 2 < 1 and t._spacing(0, 1) == 1  # at least one
+    t.runs[1], t.cost[1] = 1, 0.010  # its own first trial's time, all told
     assert t._spacing(0, 1) == math.ceil((0.004 + 0.006) / per_call - ahead - 2) == 3
-    t.agreed[1] = 0.0045  # measured slower than the lead, within the budget: one between
+    t.cost[1] = 0.0045  # slower than the lead, within the budget: one between
     assert t._spacing(0, 1) == 1
-    t.agreed[1] = 0.003  # measured faster than the lead: its calls one after another
+    t.cost[1] = 0.003  # faster than the lead: its trials one after another
     assert t._spacing(0, 1) == 0
-    t.spent = 1.0  # far over: at most GAP_MOST of the lead's calls between
+    t.spent, t.calls = 0.0, 1000  # far under budget: the credit is BUDGET_AHEAD calls'
+    t.cost[1] = 0.004 + 30 * per_call
+    assert t._spacing(0, 1) == 30 - ahead
+    t.spent = 1.0  # far over: at most gap_most of the lead's calls between
+    assert t._spacing(0, 2) == tuner.gap_most(0.004) == tuner.GAP_MOST
+    t.agreed[0] = 20e-6  # a lead of 20 us: up to GAP_S of its calls
+    assert t._spacing(0, 2) == tuner.gap_most(20e-6) == math.ceil(tuner.GAP_S / 20e-6) > 64
+    t.agreed[0], t.expected = 0.0, 0.0  # the lead's time not yet agreed, none expected
     assert t._spacing(0, 2) == tuner.GAP_MOST
-    t.agreed[0] = 0.0  # the lead's time not yet agreed
-    assert t._spacing(0, 2) == tuner.GAP_MOST
+    t.expected, t.spent, t.calls = 0.004, 0.0, 0  # the model's: the lead's timed trial
+    assert t._spacing(0, 0) == math.ceil((tuner.TRIAL_S + 0.008) / per_call - ahead)
+    assert _trials(["incumbent", "a"], 5, spacing=7)._spacing(0, 1) == 7  # the setting
 
 
 def _measured(costs, p, nodes, per_node):
@@ -220,21 +237,13 @@ def test_load_names_a_missing_or_bad_file(tmp_path, environ):
         tuning.load()
 
 
-def test_the_lease_costs_what_the_trials_cost_and_none_from_the_spread_trials():
-    from ringmpi._settings import Settings
+def test_the_trials_count_each_candidates_calls_and_a_second_round():
     from ringmpi.algorithms import tuner
 
-    auto = Settings()
-    sizes = [0, 8, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 1 << 30]
-    calls = [tuner.lease_calls(n, auto) for n in sizes]
-    # 8 B: 6 ms of setup and 124 trial calls of 100 us and two library calls each,
-    # at 10 us a library call: 2,088 calls
-    assert calls[1] == math.ceil((6e-3 + 124 * (100e-6 + 2 * 10.0032e-6)) / 10.0032e-6) == 2088
-    assert calls == sorted(calls, reverse=True)  # larger calls earn the trials back sooner
-    # from 4 MiB the trials start with the model's best: no lease
-    assert [n for n, c in zip(sizes, calls, strict=True) if c == 0] == [4 << 20, 16 << 20, 1 << 30]
-    assert calls[2:4] == [757, 113]
-    assert [tuner.lease_calls(n, auto.changed(lease=3)) for n in sizes] == [3] * len(sizes)
+    # 4 candidates at 8 B: an untimed and 30 timed calls each, then 2 x 30
+    assert tuner.most_trial_calls(8) == 4 * 31 + 60
+    assert tuner.most_trial_calls(64 << 20, 2) == 2 * 6 + 10
+    assert tuner.gap_most(1.0) == tuner.GAP_MOST and tuner.gap_most(0.0) == tuner.GAP_MOST
 
 
 def test_the_hosts_evidence_is_per_byte_per_layout_and_from_calibrated_from(monkeypatch):

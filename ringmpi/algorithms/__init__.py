@@ -46,18 +46,18 @@ from .registry import (
     register,
     unregister,
 )
-from .tuner import Lease, Trial
+from .tuner import Lead, Trial
 
 # What choose returns for a call of a class auto's tuner has not settled yet (its
-# lease, its trials): not kept, the next call may get another.
-UNSETTLED = (Trial, Lease)
+# trials, its lead's calls between them): not kept, the next call may get another.
+UNSETTLED = (Trial, Lead)
 
 __all__ = [
     "STALE",
     "UNSETTLED",
     "Algorithm",
     "Call",
-    "Lease",
+    "Lead",
     "Trial",
     "answers_agree",
     "calibrate",
@@ -84,7 +84,7 @@ __all__ = [
 
 def choose(name: str, nbytes: int, ctx: Context, red: Reduction | None = None,
            reproducible: bool = False,
-           collective: str = "allreduce") -> Algorithm | Trial | Lease:  # fmt: skip
+           collective: str = "allreduce") -> Algorithm | Trial | Lead:  # fmt: skip
     """The record a call of ``red`` on ``nbytes`` runs: ``auto`` is resolved here.
 
     The ``algorithm`` setting (``RINGMPI_ALGORITHM``) overrides auto. Auto ranks

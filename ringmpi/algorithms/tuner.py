@@ -1,18 +1,20 @@
-"""Auto's online tuner: after a size class's lease, its next calls time the candidates,
-and every call after them runs the winner.
+"""Auto's online tuner: a size class's first calls time the candidates between the
+calls of the one that leads, and every call after them runs the winner.
 
 Auto's cost model ranks ringmpi's own algorithms; it cannot know what the MPI
 library's own MPI_Allreduce costs on this machine, nor how far the model is off
 here. So for each size class (the powers of two: a call of n bytes is in class
-``n.bit_length()``), once its lease is over (below: its first calls run its
-incumbent, the model's best or the winner of a class settled near it), the next
-calls are trials: the model's best algorithm, the best of the
-other kind (messages or the node's shared memory), the model's next
+``n.bit_length()``), the model's best algorithm, the best of the other kind
+(messages or the node's shared memory), the model's next
 (:func:`ringmpi.algorithms.shortlist_of`) and the library's MPI_Allreduce (where it
 gives ringmpi's answer: :func:`ringmpi.algorithms.library_agrees`; the others are
-tuned apart, as class ``-n.bit_length()``) take turns, each once untimed and then
-:func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call timed
-on the path a repeated call takes. Every trial is a real call, with its true result.
+tuned apart, as class ``-n.bit_length()``) each make trial calls, once untimed and
+then :func:`timed_calls` times (30 up to 64 KiB, 10 up to 4 MiB, 5 above), each call
+timed on the path a repeated call takes. The class's incumbent (the model's best, a
+near class's winner or the host's measured fastest) leads: the calls between the
+trials run it, from compiled code, as many as keep what the trials cost beyond it
+within a budget of its own time (below). Every trial is a real call, with its true
+result.
 After the last trial the ranks agree on the timings in one collective (the slowest
 rank's median per candidate, an MPI_MAX), so that every rank keeps the same winner;
 where one of ringmpi's own beat the library's call by less than SECOND_ROUND_MARGIN,
@@ -46,6 +48,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -55,14 +58,14 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, _direct, _host, _progress, _settings, _trace
+from .. import __version__, _direct, _host, _progress, _settings, _trace, tuning
 from .._comm import Context, library_allreduce
 from .registry import STALE, Call, fits, get, names, prepared, repeats
 
-__all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "LIBRARY_MARGIN",
-           "NEAR", "ONE_TIME_S", "SECOND_ROUND_MARGIN", "SHORTLIST",
-           "SPREAD_FROM", "TIMED", "TRIAL_BUDGET", "Lease", "Trial", "cache_file", "calibrate",
-           "counted", "lease_calls", "measured", "most_trial_calls", "timed_calls",
+__all__ = ["BUDGET_AHEAD", "CALIBRATED_FROM", "DROP", "GAP_MOST", "GAP_S", "LIBRARY_MARGIN",
+           "NEAR", "ONE_TIME_S", "REMEMBERED_BELOW", "SECOND_ROUND_MARGIN", "SHORTLIST",
+           "TIMED", "TRIAL_BUDGET", "TRIAL_S", "Lead", "Trial", "cache_file", "calibrate",
+           "counted", "gap_most", "measured", "most_trial_calls", "timed_calls",
            "tuner"]  # fmt: skip
 
 # Timed calls per candidate (after one untimed), by call size: small calls are
@@ -78,15 +81,12 @@ def timed_calls(nbytes: int) -> int:
 
 
 def most_trial_calls(nbytes: int, candidates: int | None = None) -> int:
-    """The most calls a class's trials take (``candidates``, SHORTLIST and the
-    library's call where None): each candidate's untimed call and
-    :func:`timed_calls` (from SPREAD_FROM, each of the others' calls after up to
-    GAP_MOST of the first's, and the first's own), and a second round of two
-    candidates' timed calls."""
+    """The most trial calls a class makes (``candidates``, SHORTLIST and the library's
+    call where None): each candidate's untimed call and :func:`timed_calls`, and a
+    second round of two candidates' timed calls. The lead's calls between them come
+    on top (:func:`gap_most` at most before each)."""
     timed = timed_calls(nbytes)
     candidates = SHORTLIST + 1 if candidates is None else candidates
-    if nbytes >= SPREAD_FROM:
-        return (candidates - 1) * (1 + timed) * (1 + GAP_MOST) + 1 + timed + 2 * timed
     return candidates * (1 + timed) + 2 * timed
 
 
@@ -119,29 +119,52 @@ LIBRARY_MARGIN = 0.05
 # slower than the library's call costs every call after.
 SECOND_ROUND_MARGIN = 0.25
 _VERSION = 1  # of the cache file's layout
-# From this size a class's trials start at its first call, with the incumbent (the
-# model's best, or a near class's winner: Tuner._ordered), and the others' calls
-# come between the lead's (the incumbent's, until a candidate that made all its
-# timed calls has a faster agreed median: then that one's). What the others' calls
-# cost beyond the lead's median (agreed, summed) stays within TRIAL_BUDGET of the
-# lead's time over the class's calls so far and BUDGET_AHEAD more: the first trials
-# come at once, where a candidate faster than the model thinks pays most, and each
-# later one after as many of the lead's calls as keep the sum in bounds (at least
-# one, GAP_MOST at most; none before a candidate that costs less than the lead).
-# A candidate's cost beyond the lead, before its call: its agreed median where
-# measured, else its first call's time (one-time costs included: at most what a
-# call costs), else the lead's time again and ONE_TIME_S more (a window, its
-# compiled code loaded: 3-6 ms at 2 ranks on a 2-core host). A candidate whose
-# median took DROP times the lead's is tried no more. A call takes a millisecond or
-# more there, so that the collective that agrees on a trial's time costs little
-# beside it. Below, the lease and round-robin trials: a candidate's first call
-# costs as much as many calls.
-SPREAD_FROM = 4 << 20
+# A class's trials start at its first call, with the incumbent (the model's best, a
+# near class's winner or the host's measured fastest: Tuner._ordered): its first
+# call is the lead's (it pays the one-time costs: the untimed call each candidate
+# makes first), then after the lead's calls comes its first timed trial, then the
+# candidates take turns, the one with the fewest trial calls first, the lead's own
+# among them. The lead (the incumbent, until a candidate that made all its
+# timed calls has a faster agreed median: then that one; a median of fewer calls
+# is as likely noise as speed) runs the calls between the trials, counted down on
+# the trials' cell ``left`` (below REMEMBERED_BELOW from compiled code: counted).
+# What a trial costs beyond the lead's median (the whole trial as each rank saw it:
+# its Python, its barrier or copies, the collective that agrees on it; agreed,
+# summed) stays within TRIAL_BUDGET of the lead's time over the class's calls so
+# far and BUDGET_AHEAD more: each trial comes after as many of the lead's calls as
+# keep the sum in bounds (none before one that costs less than the lead; at most
+# gap_most), and a budget left unspent carries over no more than BUDGET_AHEAD
+# calls' worth, so that the trials never crowd together. Until the lead's timed
+# trial the model's least predicted time among the candidates stands in for the
+# lead's (the least: a slower lead leaves the trials a smaller share), and TRIAL_S
+# and two calls for what that trial costs beyond a call (its Python and agreement,
+# and the copies it times: 150-225 us at 8 B, 2 ranks on a 2-core host). A
+# candidate's cost before its first trial: what the costliest first trial so far
+# took, else the lead's time again and ONE_TIME_S more (a window, its compiled
+# code loaded: 3-6 ms there). A candidate whose median took DROP times the lead's
+# is tried no more. The
+# ``spacing`` setting gives the lead's calls between trials instead (0: the trials
+# back to back).
 TRIAL_BUDGET = 0.1
 BUDGET_AHEAD = 20
 GAP_MOST = 64
+GAP_S = 0.05
 DROP = 1.5
 ONE_TIME_S = 5e-3
+TRIAL_S = 200e-6
+# Below this size the lead's calls are remembered (counted from compiled code), and
+# a nonblocking call's job runs the lead uncounted, never a trial: a job may start
+# in C from a remembered call on one rank and in Python on another, and both must
+# run the same. From it a call takes a millisecond or more and its Python costs
+# little beside it: the lead's calls are counted in Python, never remembered, and
+# a job takes its turn in the trials as a blocking call does.
+REMEMBERED_BELOW = 4 << 20
+
+
+def gap_most(lead_s: float) -> int:
+    """The most of the lead's calls (``lead_s`` seconds each) between two trials:
+    GAP_MOST calls or GAP_S seconds of them, the more."""
+    return max(GAP_MOST, math.ceil(GAP_S / lead_s)) if lead_s > 0 else GAP_MOST
 
 
 @dataclass
@@ -150,127 +173,131 @@ class _Trials:
 
     names: list[str]
     timed: int  # timed calls per candidate
+    left: np.ndarray  # the lead's calls before the next trial (an int64 cell, counted)
+    spacing: int | None  # the setting: the lead's calls between trials, None: the budget's
+    expected: float = 0.0  # seconds a call of the lead, until its timed trial: the model's
     second: bool = False  # the second round: the best own candidate against the library
-    calls: int = 0
+    calls: int = 0  # the class's calls: the trials and the lead's between them
     times: list[list[float]] = field(default_factory=list)
-    leads: dict = field(default_factory=dict)  # the same and in place -> copies(...)
+    copied: dict = field(default_factory=dict)  # the same and in place -> copies(...)
     # seconds added to each candidate's median: what a repeat of it pays in Python
     # (the API's Python repeat path) that its trials, which time `again`, do not
     charged: list[float] = field(default_factory=list)
     runnable: list[int] = field(default_factory=list)  # the node's load, sampled (_host.runnable)
-    # From SPREAD_FROM: the incumbent (names[0]) first, the others spread between its calls
-    spread: bool = False
-    runs: list[int] = field(default_factory=list)  # calls made, per candidate
+    runs: list[int] = field(default_factory=list)  # trial calls made, per candidate
     # seconds a call, agreed: the median of its timed calls, before them its first
     # call's time (one-time costs included: at most what a call costs); 0: not yet
     agreed: list[float] = field(default_factory=list)
-    spent: float = 0.0  # seconds the others' calls took beyond the lead's median, agreed
+    cost: list[float] = field(default_factory=list)  # seconds its last trial took, all told, agreed
+    spent: float = 0.0  # seconds the trials took beyond the lead's median, agreed
+    first: float = 0.0  # seconds the costliest first trial of a candidate took, agreed
+    agreeing: float = 0.0  # seconds this rank's last agreement took (agreed at the next)
     dropped: set[int] = field(default_factory=set)
-    gap: int = 0  # the lead's calls before the next other candidate's
 
     def __post_init__(self) -> None:
-        if self.spread and not self.runs:  # the incumbent's first two calls, then agreed
-            self.gap = 2
         self.times = self.times or [[] for _ in self.names]
         self.charged = self.charged or [0.0 for _ in self.names]
-        self.runs = self.runs or [0 for _ in self.names]
         self.agreed = self.agreed or [0.0 for _ in self.names]
+        self.cost = self.cost or [0.0 for _ in self.names]
+        if not self.runs:  # the class's first call, the lead's, its untimed one
+            self.runs = [1] + [0 for _ in self.names[1:]]
+            self._space()
+            self.left[0] += 1
+            self.calls += 1
 
     def next(self) -> int:
-        """The candidate this call runs (an index of ``names``)."""
-        if not self.spread:
-            return self.calls % len(self.names)
+        """The candidate this trial runs (an index of ``names``): the lead's first timed
+        one, then the one with the fewest trial calls."""
         lead = self.lead
-        if self.runs[0] < 2 or self.gap > 0:
+        if self.runs[lead] < 2 and not self.second:
             return lead
-        due = self._due(lead)
-        return lead if due is None else due
+        left = [i for i in range(len(self.names)) if not self._done(i)]
+        return min(left, key=lambda i: (self.runs[i], i))
 
     @property
     def lead(self) -> int:
-        """The candidate the calls between the others' run (spread): the incumbent
-        (``names[0]``) until another, all its timed calls made, has a faster agreed
-        median (a median of fewer calls is as likely noise as speed)."""
+        """The candidate the calls between the trials run: the incumbent (``names[0]``)
+        until another, all its timed calls made, has a faster agreed median."""
         known = [i for i, t in enumerate(self.agreed)
                  if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
-    def _due(self, lead: int) -> int | None:
-        """The candidate whose trial comes next (the fewest calls made), or None."""
-        left = [i for i in range(len(self.names)) if i != lead and not self._done(i)]
-        return min(left, key=lambda i: (self.runs[i], i)) if left else None
-
     def _done(self, i: int) -> bool:
         return i in self.dropped or self.runs[i] >= 1 + self.timed
 
-    def ran(self, i: int, took: float, ctx: Context, timeout: float) -> None:
-        """Count a spread trial's call of candidate ``i`` (``took`` seconds here); after
-        another candidate's than the lead's, or the incumbent's first timed one, agree
-        on its time, its median and the lead's (one collective), and space the next."""
-        lead = self.lead
+    def ran(self, i: int, took: float, step: float, ctx: Context, timeout: float) -> None:
+        """Count a trial of candidate ``i`` (``took`` seconds its call, ``step`` the whole
+        trial, here), agree on both, its median and the lead's (one collective), and set
+        the lead's calls before the next trial."""
         self.runs[i] += 1
-        if i == lead:
-            self.gap -= 1
-            if i or self.runs[0] != 2 or any(self.runs[1:]):
-                return
-        median = [float(np.median(t)) if t else 0.0 for t in (self.times[lead], self.times[i])]
-        mine = np.array([*median, took])
+        self.calls += 1
+        lead = self.lead
+        median = [statistics.median(t) if t else 0.0 for t in (self.times[lead], self.times[i])]
+        mine = np.array([*median, took, step + self.agreeing])
         agreed = np.empty_like(mine)
+        t0 = time.perf_counter_ns()
         library_allreduce(ctx, mine, agreed, MPI.MAX, timeout,
                           f"rank {ctx.rank}: auto's tuner agreeing on a trial")  # fmt: skip
+        self.agreeing = (time.perf_counter_ns() - t0) * 1e-9
         self.agreed[lead] = float(agreed[0])
-        if i != lead:  # what it cost beyond the lead; its median once timed, and whether to go on
-            self.spent += max(0.0, float(agreed[2]) - self.agreed[lead])
-            self.agreed[i] = float(agreed[1] if self.times[i] else agreed[2])
-            if self.times[i] and self.agreed[i] > DROP * self.agreed[lead]:
-                self.dropped.add(i)
-        lead = self.lead  # (a candidate faster than the lead leads from now on)
-        due = self._due(lead)
-        if due is not None:
-            self.gap = self._spacing(lead, due)
+        self.agreed[i] = float(agreed[1] if self.times[i] else agreed[2])
+        self.cost[i] = float(agreed[3])
+        self.spent += max(0.0, self.cost[i] - self.agreed[lead])
+        if not self.times[i]:  # its first, untimed
+            self.first = max(self.first, self.cost[i])
+        if i != lead and self.times[i] and self.agreed[i] > DROP * self.agreed[lead]:
+            self.dropped.add(i)
+        if not self.finished:  # (a candidate faster than the lead leads from now on)
+            self._space()
+
+    def _space(self) -> None:
+        """Set the lead's calls before the next trial."""
+        gap = self._spacing(self.lead, self.next())
+        self.left[0] = gap
+        self.calls += gap
 
     def _spacing(self, lead: int, j: int) -> int:
-        """The lead's calls before candidate ``j``'s next: as many as keep what the
-        others' calls cost beyond the lead's within TRIAL_BUDGET of its time over
-        the calls made and BUDGET_AHEAD more; none before one that costs less."""
-        inc = self.agreed[lead]
+        """The lead's calls before candidate ``j``'s next trial: the ``spacing``
+        setting, or as many as keep what the trials cost beyond the lead's calls
+        within TRIAL_BUDGET of its time over the calls made and BUDGET_AHEAD more
+        (a budget left unspent, where a cost was guessed high, carries over no more
+        than BUDGET_AHEAD calls' worth); none before one that costs less."""
+        if self.spacing is not None:
+            return self.spacing
+        inc = self.agreed[lead] or self.expected
         if not inc:
             return GAP_MOST
-        beyond = self.agreed[j] - inc if self.agreed[j] else inc + ONE_TIME_S
-        calls = (self.spent + beyond) / (TRIAL_BUDGET * inc) - BUDGET_AHEAD - self.calls
-        return min(GAP_MOST, max(0 if beyond < 0 else 1, math.ceil(calls)))
+        if self.cost[j]:
+            beyond = self.cost[j] - inc
+        elif j == lead:
+            beyond = TRIAL_S + 2 * inc
+        else:  # a first call: as the others' first calls cost, else ONE_TIME_S more
+            beyond = self.first - inc if self.first else inc + ONE_TIME_S
+        budget = TRIAL_BUDGET * inc  # what the trials may cost beyond the lead, a call
+        credit = min(budget * (self.calls + BUDGET_AHEAD) - self.spent, budget * BUDGET_AHEAD)
+        calls = (beyond - credit) / budget
+        return min(gap_most(inc), max(0 if beyond < 0 else 1, math.ceil(calls)))
 
     @property
     def finished(self) -> bool:
-        """Whether every candidate has had its calls."""
-        if not self.spread:
-            return self.calls == self.total
+        """Whether every candidate has had its trials."""
         return all(self._done(i) for i in range(len(self.names)))
 
     def copies(self, key: tuple, work: np.ndarray, source: np.ndarray | None) -> tuple:
         """(out, source) for a timed trial: copies of this rank's data, made once per
         candidate and call shape; one array for an in-place call."""
         key = (*key, source is None)
-        made = self.leads.get(key)
+        made = self.copied.get(key)
         if made is None:
             out = np.empty_like(work)
-            made = self.leads[key] = (out, out if source is None else np.empty_like(source))
+            made = self.copied[key] = (out, out if source is None else np.empty_like(source))
         np.copyto(made[1], work if source is None else source)
         return made
 
-    @property
-    def untimed(self) -> int:
-        """Untimed calls first: each candidate's first (none in a second round)."""
-        return 0 if self.second else len(self.names)
-
-    @property
-    def total(self) -> int:
-        return self.untimed + len(self.names) * self.timed
-
 
 class Trial:
-    """What :func:`ringmpi.algorithms.choose` returns while a class is being tried:
-    ``run`` runs this call's candidate, timed, and settles the class after the last."""
+    """What :func:`ringmpi.algorithms.choose` returns for a class's trial: ``run`` runs
+    this call's candidate, timed, and settles the class after the last."""
 
     def __init__(self, tuner: Tuner, klass: Key, trials: _Trials, candidate, i: int) -> None:
         self.tuner, self.klass, self.trials, self.candidate = tuner, klass, trials, candidate
@@ -278,10 +305,10 @@ class Trial:
 
     def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
         """The candidate's call (``more``: a half's counts), timed from its second."""
+        start = time.perf_counter_ns()
         trials, i = self.trials, self.i
-        # each candidate's first call is untimed (in a second round, none)
-        timed = trials.runs[i] > 0 if trials.spread else trials.calls >= trials.untimed
-        if trials.calls % 4 == 0:  # the node's load, outside the timed call
+        timed = trials.runs[i] > 0  # its first call untimed (a second round has none)
+        if sum(trials.runs) % 4 == 0:  # the node's load, outside the timed call
             trials.runnable.append(_host.runnable())
         if _trace._active or more:  # traced (the trace counts its sends), or a half
             if timed:
@@ -297,7 +324,7 @@ class Trial:
                 from .. import _repeat  # noqa: PLC0415 -- (Python path) it imports this package
 
                 trials.charged[i] = _repeat.python_seconds()
-            if timed and work.nbytes <= _LEAD_BYTES and not trials.spread:
+            if timed and work.nbytes <= _COPIED_BYTES:
                 out, src = trials.copies(key, work, source)
                 again(out, src)  # the ranks come out of it as out of the call before
                 t0 = time.perf_counter_ns()
@@ -313,9 +340,7 @@ class Trial:
         if timed:
             trials.times[i].append(took)
         _trace.record_trial(_size_class(self.klass), self.name, took, timed)
-        trials.calls += 1
-        if trials.spread:
-            trials.ran(i, took, ctx, timeout)
+        trials.ran(i, took, (time.perf_counter_ns() - start) * 1e-9, ctx, timeout)
         if trials.finished:
             self.tuner.settle(self.klass, trials, ctx, timeout)
 
@@ -323,13 +348,10 @@ class Trial:
 # Up to this size a timed trial is the second of two calls in a row on a copy of the
 # data, as a call in a loop follows the one before, and then the call itself runs,
 # untimed; above, a barrier and the call. Between the tuner's calls the ranks drift
-# apart by more than a small call takes (the Python of a call that is not yet a
-# repeat), and a trial alone would time the drift; a barrier lets each rank out at
-# its own time, which a small call's time would show too (more for some libraries'
-# calls than for others'). And where the trials take turns, a buffer comes to a
-# candidate as the one before left it: after a library that writes it from the
-# other rank's core (a single-copy transfer), it lies in that core's cache.
-_LEAD_BYTES = 4 << 20
+# apart by more than a small call takes (the Python of a trial), and a trial alone
+# would time the drift; a barrier lets each rank out at its own time, which a small
+# call's time would show too (more for some libraries' calls than for others').
+_COPIED_BYTES = 4 << 20
 
 
 def _together(ctx: Context, timeout: float) -> None:
@@ -351,16 +373,16 @@ class Tuner:
         self.path = cache_file(settings)
         self.known: dict[Key, str] = _load(ctx, self.path, layout, settings.retune_days)
         self.busy: set[Key] = set()  # classes settled on a busy node: not in the file
-        self.left: dict[Key, np.ndarray] = {}  # per class in its lease: calls left (a cell)
-        self.leased: dict[tuple, tuple[Call, Call]] = {}  # the incumbents: counted, plain
+        self.led: dict[tuple, tuple[Call, Call]] = {}  # the leads' calls: counted, plain
         self.order: dict[Key, list] = {}  # per class: its candidates, the incumbent first
 
     def choose(self, ctx: Context, nbytes: int, shortlist, library: bool = True,
                collective: str = "allreduce"):  # fmt: skip
-        """The record a call of ``nbytes`` runs: the class's winner, or its next trial.
-        A class is tuned apart for reductions the library's call may not run
-        (``library`` False: ringmpi's own candidates only); a half's classes are
-        its own (``"reduce_scatter:17"``; in the file, under ``collectives``)."""
+        """The record a call of ``nbytes`` runs: the class's winner, its lead between
+        trials (a :class:`Lead`), or its next trial. A class is tuned apart for
+        reductions the library's call may not run (``library`` False: ringmpi's own
+        candidates only); a half's classes are its own (``"reduce_scatter:17"``; in
+        the file, under ``collectives``)."""
         klass = nbytes.bit_length() if library else -nbytes.bit_length()
         key: Key = klass if collective == "allreduce" else f"{collective}:{klass}"
         name = self.known.get(key)
@@ -369,21 +391,16 @@ class Tuner:
                 return get(name, collective)
             del self.known[key]  # a file's algorithm that is not registered here: try again
         trials = self.trying.get(key)
-        # a nonblocking call's, below SPREAD_FROM: never a trial, nor counted
-        job = bool(_progress.in_job[0]) and nbytes < SPREAD_FROM
-        shortlist = self._ordered(key, shortlist, ctx, nbytes)
-        if trials is None and collective == "allreduce":
-            left = self.left.get(key)
-            if left is None:
-                left = self.left[key] = np.array([lease_calls(nbytes, self.settings)], np.int64)
-            if left[0] > 0:
-                return Lease(self, shortlist[0], left, counts=not job)
-        if job:
-            return Lease(self, shortlist[0], None, counts=False)
         if trials is None:
-            tried = [a.name for a in shortlist]
-            trials = self.trying[key] = _Trials(tried, timed_calls(nbytes),
-                                                spread=nbytes >= SPREAD_FROM)  # fmt: skip
+            tried = [a.name for a in self._ordered(key, shortlist, ctx, nbytes)]
+            trials = self.trying[key] = _Trials(tried, timed_calls(nbytes), np.zeros(1, np.int64),
+                                                self.settings.spacing,
+                                                _expected(shortlist, ctx, nbytes))  # fmt: skip
+        kept = nbytes < REMEMBERED_BELOW
+        job = bool(_progress.in_job[0]) and kept
+        if trials.left[0] > 0 or job:
+            record = get(trials.names[trials.lead], collective)
+            return Lead(self, record, trials.left, counts=not job, kept=kept)
         i = trials.next()
         return Trial(self, key, trials, get(trials.names[i], collective), i)
 
@@ -417,7 +434,7 @@ class Tuner:
         trials.runnable.append(_host.runnable())
         seen = self.settings.oversubscribed == "auto"  # yes or no: the node's state is known
         busy = seen and _host.busy(trials.runnable, ctx.node.Get_size())
-        medians = [float(np.median(t)) + c for t, c in zip(trials.times, trials.charged,
+        medians = [statistics.median(t) + c for t, c in zip(trials.times, trials.charged,
                                                           strict=True)]  # fmt: skip
         mine = np.array([*medians, busy])
         agreed = np.empty_like(mine)
@@ -442,15 +459,28 @@ class Tuner:
             _store(self.path, self.layout, klass, winner, times)
 
 
+def _expected(shortlist: list, ctx: Context, nbytes: int) -> float:
+    """The model's least predicted seconds of a call of ``nbytes`` among ``shortlist``
+    (its modelled records)."""
+    nodes, per_node = ctx.nodes(_settings.current())
+    costs = tuning.load(per_node)
+    return min((tuning.predict(costs, a, nbytes, ctx.size, nodes, per_node)
+                for a in shortlist if a.terms is not None), default=0.0)  # fmt: skip
+
+
 def _second_round(trials: _Trials, winner: str) -> _Trials:
     """The winner against the library, as many timed calls each again, their first
     round's times kept: every rank decides on both rounds' calls."""
     pair = [trials.names.index(winner), trials.names.index("mpi")]
-    return _Trials([trials.names[i] for i in pair], trials.timed, second=True,
-                   leads=trials.leads,
-                   times=[list(trials.times[i]) for i in pair],
-                   charged=[trials.charged[i] for i in pair],
-                   runnable=trials.runnable)  # fmt: skip
+
+    def kept(values: list) -> list:
+        return [values[i] for i in pair]
+
+    return _Trials(kept(trials.names), trials.timed, trials.left, trials.spacing, second=True,
+                   calls=trials.calls, copied=trials.copied,
+                   times=[list(t) for t in kept(trials.times)], charged=kept(trials.charged),
+                   runnable=trials.runnable, runs=[1, 1], agreed=kept(trials.agreed),
+                   cost=kept(trials.cost), spent=trials.spent)  # fmt: skip
 
 
 def tuner(ctx: Context, settings: _settings.Settings, nodes: int, per_node: int) -> Tuner:
@@ -612,87 +642,56 @@ def measured(ctx: Context, settings: _settings.Settings, names: list[str],
     return {name: found[name] * nbytes for name in names}
 
 
-# --- the lease: an untuned class's first calls run its incumbent -----------------
-#
-# The trials cost more than the calls they replace: each candidate's first call (its
-# compiled call loaded, its window made), and per trial call its own Python and a
-# copy of the data. A program that makes few calls of a size never earns that back.
-# So below SPREAD_FROM an untuned class first runs its incumbent (the model's best,
-# or a near class's winner, as the spread trials start with), counted from compiled
-# code, for as many calls as cost, at the library's estimated speed, what the trials
-# will cost beyond them: the rent-or-buy rule, whose total is at most twice that of
-# the better of never tuning and tuning at once, whichever the program turns out to
-# need. A function of the size alone, so that every rank counts the same calls and
-# moves on at the same one. From SPREAD_FROM no lease: the trials start with the
-# incumbent and cost little beyond it.
-# What the tuner's work costs, measured at 2 ranks on a 2-core host (examples/
-# first_calls.py): the first calls' setup, and a trial call's own Python and copy.
-_SETUP_S, _TRIAL_S = 6e-3, 100e-6
-# The library's MPI_Allreduce there, after a barrier: per call, and per byte.
-_LIBRARY_CALL_S, _LIBRARY_BYTE_S = 10e-6, 0.4e-9
+# --- the lead: the calls between a class's trials -------------------------------
 
 
-def lease_calls(nbytes: int, settings: _settings.Settings) -> int:
-    """How many of an untuned class's first calls of ``nbytes`` run its incumbent
-    before its trials: the ``lease`` setting, or (auto) as many as cost what the
-    trials will cost beyond them; none from SPREAD_FROM."""
-    if settings.lease is not None:
-        return settings.lease
-    if nbytes >= SPREAD_FROM:
-        return 0
-    library = _LIBRARY_CALL_S + nbytes * _LIBRARY_BYTE_S
-    trial = _TRIAL_S + (2 * library if nbytes <= _LEAD_BYTES else 0.0)  # the lead and a copy
-    trials = _SETUP_S + (SHORTLIST + 1) * (1 + timed_calls(nbytes)) * trial
-    return math.ceil(trials / library)
-
-
-class Lease:
+class Lead:
     """What :func:`ringmpi.algorithms.choose` returns for a call of an untuned class
-    that runs the incumbent (``record``: :meth:`Tuner._ordered`'s first). In the
-    class's lease (``left``, its int64 cell of calls left) the call is made ready
-    counted (:func:`counted`: its repeats count the cell down from compiled code),
-    and ``run`` counts itself off where ``counts``; a nonblocking call's job runs it
-    uncounted (what a job runs may differ from rank to rank: the step of a call
-    remembered, or the call). With ``left`` None (a job's call below SPREAD_FROM
-    once the lease is over: such a job runs no trial) it is not to be remembered
-    for repeats."""
+    between its trials: the lead's (``record``), counted off ``left`` (the trials'
+    int64 cell of the lead's calls before the next trial) where it ``counts`` (a
+    nonblocking call's job below REMEMBERED_BELOW does not). Where ``kept`` (below
+    REMEMBERED_BELOW) the call is made ready counted, to be remembered
+    (:func:`counted`: its repeats count the cell down from compiled code); else
+    ``run`` counts in Python."""
 
-    def __init__(self, tuner: Tuner, record, left: np.ndarray | None, counts: bool) -> None:
+    def __init__(self, tuner: Tuner, record, left: np.ndarray, counts: bool,
+                 kept: bool) -> None:  # fmt: skip
         self.tuner, self.record, self.left, self.counts = tuner, record, left, counts
-        self.name, self.own = record.name, record.own
+        self.name, self.own, self.kept = record.name, record.own, kept
 
     def _calls(self, red, ctx: Context, count: int, timeout: float) -> tuple[Call, Call]:
-        """(the incumbent's call counted off ``left``, the same uncounted), made once."""
+        """(the lead's call counted off ``left``, the same uncounted), made once."""
         key = (self.name, red.tag, count, timeout, id(self.left))
-        found = self.tuner.leased.get(key)
+        found = self.tuner.led.get(key)
         if found is None:
             plain = prepared(self.record, red, ctx, count, timeout)
-            found = (plain if self.left is None else counted(plain, self.left, red.dtype, count),
-                     plain)  # fmt: skip
-            self.tuner.leased[key] = found
+            found = (counted(plain, self.left, red.dtype, count), plain)
+            self.tuner.led[key] = found
         return found
 
     def call(self, red, ctx: Context, count: int, timeout: float) -> Call:
-        """The incumbent's call of ``count`` elements of ``red``, counted, made once."""
+        """The lead's call of ``count`` elements of ``red``, counted, made once."""
         return self._calls(red, ctx, count, timeout)[0]
 
     def run(self, work, red, ctx: Context, source=None, timeout: float = 0.0, *more) -> None:
-        """The incumbent's call, counted off the lease where it counts (``more``: a
-        half's counts; a half has no lease)."""
-        if more:
-            self.record.run(work, red, ctx, source, timeout, *more)
-            return
-        call = self._calls(red, ctx, work.size, timeout)[0 if self.counts else 1]
+        """The lead's call, counted off ``left`` where it counts (``more``: a half's
+        counts)."""
+        if more or not self.kept:
+            if self.counts:
+                self.left[0] -= 1
+            if more:
+                self.record.run(work, red, ctx, source, timeout, *more)
+                return
+        call = self._calls(red, ctx, work.size, timeout)[0 if self.counts and self.kept else 1]
         call.again(work, work if source is None else source)
 
 
 def counted(call: Call, left: np.ndarray, dtype: np.dtype, count: int) -> Call:
     """``call`` (of ``count`` elements of ``dtype``) counted off ``left`` (an int64
-    cell of calls left): each call, from
-    Python or from compiled code, takes one; once none is left its repeats
-    (``in_place``, ``from_``, ``cells``) send nothing and return STALE, so that the
-    API takes the full path, where auto's tuner goes on. ``again`` always makes the
-    call."""
+    cell of calls left): each call, from Python or from compiled code, takes one;
+    once none is left its repeats (``in_place``, ``from_``, ``cells``) send nothing
+    and return STALE, so that the API takes the full path, where auto's tuner goes
+    on. ``again`` always makes the call."""
     plain = call.again
     if call.cells is None:
 

@@ -473,7 +473,7 @@ def _prepare(ctx: Context, entry: _Entry, calls: list[Callable[[], None]], recv:
     with _settings.using(entry.settings):
         ordered = entry.settings.reproducible  # as the call will see it
         tuned = False
-        if entry.base == "auto":  # auto's lease and tuner's trials first (untimed)
+        if entry.base == "auto":  # auto's tuner's trials first (untimed)
             while isinstance(algorithms.choose("auto", nbytes, ctx, red, ordered),
                              algorithms.UNSETTLED):  # fmt: skip
                 call()

@@ -1,11 +1,11 @@
-"""The lease: an untuned size class's first calls run the cost model's best.
+"""The lead: between an untuned size class's trials its calls run the incumbent.
 
-Auto's tuner tries its candidates only after a class's first ``lease`` calls
-(the setting; auto: as many as the trials cost), which run the incumbent (the
-model's best candidate, the first the trials then run), counted off the class's
-cell of calls left from Python and from the C repeat path alike. Closed-form
-inputs: rank r contributes r + 1 + i at element i, so every element's sum is
-known exactly.
+Auto's tuner runs the incumbent (the model's best candidate) for a class's first
+call and, before each trial, for ``spacing`` calls (the setting; auto: as many as
+keep the trials within a budget of its time), counted off the class's cell of
+calls left from Python and from the C repeat path alike.
+Closed-form inputs: rank r contributes r + 1 + i at element i, so every element's
+sum is known exactly.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from ringmpi.algorithms import tuner
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
-LEASE = 5
+SPACING = 5
 
 
 @pytest.fixture
 def comm():
-    c = WORLD.Dup()  # a new communicator: auto starts untuned on it, with no lease
+    c = WORLD.Dup()  # a new communicator: auto starts untuned on it
     yield c
     c.Free()
 
@@ -45,13 +45,13 @@ def _tuner(comm):
 
 
 @pytest.mark.parametrize("count", [2, 1 << 14, 1 << 18])
-def test_a_class_runs_the_models_best_for_its_lease_then_the_trials(settings, comm, count):
-    settings(tuner="memory", lease=LEASE)
+def test_a_class_runs_the_models_best_between_its_trials(settings, comm, count):
+    settings(tuner="memory", spacing=SPACING)
     mine, exact = _inputs(comm, count)
     out = np.empty_like(mine)
     problems = []
     with ringmpi.trace() as t:
-        for i in range(LEASE + 1):
+        for i in range(2 * (1 + SPACING) + 1):
             ringmpi.Allreduce(mine, out, MPI.SUM, comm)
             if not np.array_equal(out, exact):
                 problems.append(f"call {i} ({t.ran[-1]}) is not the exact sum")
@@ -61,20 +61,26 @@ def test_a_class_runs_the_models_best_for_its_lease_then_the_trials(settings, co
         return
     klass = mine.nbytes.bit_length()
     trials = _tuner(comm).trying[klass]
-    # the lease ran the incumbent, the trials' first candidate, and never the library
-    assert t.ran[:LEASE] == [trials.names[0]] * LEASE and trials.names[0] != "mpi"
-    assert len(t.trials) == 1 and t.trials[0].size_class == klass
-    assert _tuner(comm).left[klass][0] == 0
+    # the incumbent (the trials' first candidate, never the library) made the first
+    # call and SPACING more, then its timed trial, SPACING calls, and then the next
+    # candidate's first trial; then the lead's calls again
+    lead = trials.names[0]
+    assert t.ran[:-1] == [lead] * (1 + 2 * SPACING + 1) and lead != "mpi"
+    assert [(x.algorithm, x.call) for x in t.trials] == [(lead, 1 + SPACING),
+                                                         (trials.names[1], 2 + 2 * SPACING)]  # fmt: skip
+    assert {x.size_class for x in t.trials} == {klass}
+    assert trials.left[0] == SPACING
 
 
-def test_calls_from_c_count_the_lease_down(settings, comm):
+def test_calls_from_c_count_the_leads_calls_down(settings, comm):
     if comm.size == 1:
-        pytest.skip("one rank: nothing to tune, no lease")
-    settings(tuner="memory", lease=LEASE)
+        pytest.skip("one rank: nothing to tune")
+    settings(tuner="memory", spacing=SPACING)
     mine, exact = _inputs(comm, 1000)
     out = np.empty_like(mine)
     problems = []
-    for i in range(LEASE):  # remembered at once: every call after the first repeats
+    for i in range(1 + SPACING):  # the lead's calls: remembered at once, every call
+        # after the first repeats
         out[...] = 0
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
         if not np.array_equal(out, exact):
@@ -85,18 +91,17 @@ def test_calls_from_c_count_the_lease_down(settings, comm):
     if entry.call.cells is not None and _builtins.layout_ok():  # the C repeat path holds it
         at = _direct._HEADER + _direct._WIDTH * _direct.slot(out, comm)
         assert _direct._state["holder"][at + _direct.RECV] == id(out)
-    klass = mine.nbytes.bit_length()
-    assert _tuner(comm).left[klass][0] == 0
-    assert klass not in _tuner(comm).trying  # no trial yet
-    with ringmpi.trace() as t:  # the lease is over: the tuner's first trial
+    trials = _tuner(comm).trying[mine.nbytes.bit_length()]
+    assert trials.left[0] == 0 and trials.runs[0] == 1 and sum(trials.runs) == 1
+    with ringmpi.trace() as t:  # the lead's calls made: its timed trial
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
     assert np.array_equal(out, exact)
-    assert len(t.trials) == 1
+    assert [(x.algorithm, x.timed) for x in t.trials] == [(trials.names[0], True)]
 
 
 @pytest.mark.parametrize("why", ["tuner off", "reproducible", "named"])
-def test_no_lease_where_auto_would_not_tune(settings, comm, why):
-    settings(tuner="off" if why == "tuner off" else "memory", lease=LEASE)
+def test_no_trials_where_auto_would_not_tune(settings, comm, why):
+    settings(tuner="off" if why == "tuner off" else "memory", spacing=SPACING)
     mine, exact = _inputs(comm, 100)
     x = mine.astype(np.float64)
     kwargs = {"reproducible": {"reproducible": True}, "named": {"algorithm": "ring"}}.get(why, {})
@@ -105,29 +110,29 @@ def test_no_lease_where_auto_would_not_tune(settings, comm, why):
     assert np.array_equal(x, exact.astype(np.float64))
     assert t.trials == []
     tuner = _tuner(comm)
-    assert tuner is None or not tuner.left  # no class's lease begun
+    assert tuner is None or not tuner.trying  # no class's trials begun
 
 
 @pytest.mark.parametrize("kwargs", [{"validate": True}, {"timeout": 30}])
-def test_validated_and_timed_calls_count_off_the_lease(settings, comm, kwargs):
+def test_validated_and_timed_calls_count_off_the_leads_calls(settings, comm, kwargs):
     if comm.size == 1:
-        pytest.skip("one rank: nothing to tune, no lease")
-    settings(tuner="memory", lease=LEASE)
+        pytest.skip("one rank: nothing to tune")
+    settings(tuner="memory", spacing=SPACING)
     mine, exact = _inputs(comm, 100)
     problems = []
     with ringmpi.trace() as t:
-        for i in range(2):
+        for i in range(4):  # the lead's calls
             x = mine.astype(np.int64)  # integers: every candidate's bits alike, so tuned
             ringmpi.Allreduce(MPI.IN_PLACE, x, MPI.SUM, comm, **kwargs)
             if not np.array_equal(x, exact.astype(np.int64)):
                 problems.append(f"call {i} is not the exact sum")
     agree(comm, problems)
     assert t.trials == [] and len(set(t.ran)) == 1 and t.ran[0] != "mpi"
-    assert _tuner(comm).left[(100 * 8).bit_length()][0] == LEASE - 2
+    assert _tuner(comm).trying[(100 * 8).bit_length()].left[0] == 1 + SPACING - 4
 
 
-def test_a_freed_communicator_forgets_its_leased_calls(settings):
-    settings(tuner="memory", lease=LEASE)
+def test_a_freed_communicator_forgets_its_leads_calls(settings):
+    settings(tuner="memory", spacing=SPACING)
     mine, exact = _inputs(WORLD, 10)
     out = np.empty_like(mine)
     for _ in range(3):
@@ -140,21 +145,21 @@ def test_a_freed_communicator_forgets_its_leased_calls(settings):
 
 
 @pytest.mark.parametrize("progress", ["thread", "wait"])
-def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settings, comm,
-                                                                           progress):  # fmt: skip
-    """A nonblocking or persistent call of a class in its lease runs what the blocking
-    calls run, the incumbent, as ringmpi's own call, and takes nothing off the lease:
-    its job runs no trial; the blocking calls go on counting it down."""
+def test_nonblocking_and_persistent_calls_run_the_lead_uncounted(settings, comm,
+                                                                  progress):  # fmt: skip
+    """A nonblocking or persistent call of a class between its trials runs what the
+    blocking calls run, the lead, as ringmpi's own call, and takes none of the lead's
+    calls: its job runs no trial; the blocking calls go on counting them down."""
     if comm.size == 1:
-        pytest.skip("one rank: nothing to tune, no lease")
-    settings(tuner="memory", lease=8, progress=progress)
+        pytest.skip("one rank: nothing to tune")
+    settings(tuner="memory", spacing=8, progress=progress)
     mine, exact = _inputs(comm, 1 << 19)  # 2 MiB: ringmpi's own nonblocking call in every family
     out = np.empty_like(mine)
     with ringmpi.trace() as blocking:
-        for _ in range(2):  # leased, and remembered: the repeat path holds the counted call
+        for _ in range(3):  # counted and remembered: the repeat path holds the counted call
             ringmpi.Allreduce(mine, out, MPI.SUM, comm)
     incumbent = blocking.ran[0]
-    left = _tuner(comm).left[mine.nbytes.bit_length()]
+    left = _tuner(comm).trying[mine.nbytes.bit_length()].left
     assert left[0] == 6
     problems = []
     persistent = ringmpi.Allreduce_init(mine, out, MPI.SUM, comm)
@@ -175,14 +180,14 @@ def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settin
     if seen.ran != [incumbent] * 6 or seen.trials:
         problems.append(f"the nonblocking calls ran {seen.ran}, trials {seen.trials}")
     if left[0] != 6:
-        problems.append(f"{left[0]} calls left of the lease, not 6")
-    for i in range(8):  # the lease's last calls, then the trials begin
+        problems.append(f"{left[0]} of the lead's calls left, not 6")
+    for i in range(6):  # the lead's last calls before the next trial
         out[...] = 0
         ringmpi.Allreduce(mine, out, MPI.SUM, comm)
         if not np.array_equal(out, exact):
             problems.append(f"blocking call {i} is not the exact sum")
     if left[0] != 0:
-        problems.append(f"{left[0]} calls left of the lease, not 0")
+        problems.append(f"{left[0]} of the lead's calls left, not 0")
     persistent.Free()
     small = ringmpi.Allreduce_init(MPI.IN_PLACE, np.ones(4), MPI.SUM, comm)  # below the
     # size where ringmpi's requests made in Python pay: the library's, unless made in C
@@ -194,10 +199,10 @@ def test_nonblocking_and_persistent_calls_run_the_incumbent_off_the_lease(settin
 
 
 def test_a_nonblocking_half_of_an_untuned_class_runs_the_incumbent(settings, comm):
-    """A nonblocking reduce-scatter's job below tuner.SPREAD_FROM runs no trial: the
-    model's best, to the bit."""
-    settings(tuner="memory", lease=LEASE, progress="thread")
-    per = tuner.SPREAD_FROM // 8 // comm.size  # int32: half of SPREAD_FROM in all
+    """A nonblocking reduce-scatter's job below tuner.REMEMBERED_BELOW runs no trial:
+    the model's best, to the bit."""
+    settings(tuner="memory", spacing=SPACING, progress="thread")
+    per = tuner.REMEMBERED_BELOW // 8 // comm.size  # int32: half of REMEMBERED_BELOW in all
     mine, exact = _inputs(comm, per * comm.size)
     out = np.empty(per, np.int32)
     problems = []
@@ -210,3 +215,33 @@ def test_a_nonblocking_half_of_an_untuned_class_runs_the_incumbent(settings, com
     agree(comm, problems)
     assert seen.trials == []
     assert len(seen.ran) == 2 and seen.ran[0] == seen.ran[1]
+
+
+@pytest.mark.parametrize("buffers", [1, 16])
+def test_large_nonblocking_calls_alone_count_the_leads_calls_alike(settings, comm, buffers):
+    """From tuner.REMEMBERED_BELOW a nonblocking call's job counts the lead's calls and
+    takes its turn in the trials, in Python on every rank (a call started in C on one
+    rank and in Python on another would run other algorithms, and wait forever):
+    calls of one array, or of arrays in turn, settle the class on one winner, every
+    call exact."""
+    if comm.size == 1:
+        pytest.skip("one rank: nothing to tune")
+    settings(tuner="memory", spacing=2, timeout=60)
+    mine, exact = _inputs(comm, tuner.REMEMBERED_BELOW // 4)
+    arrays = [np.empty_like(mine) for _ in range(buffers)]
+    problems = []
+    with ringmpi.trace() as t:
+        for i in range(3 * tuner.most_trial_calls(mine.nbytes) + 2):
+            if t.tuned:
+                break
+            x = arrays[i % buffers]
+            x[...] = mine
+            ringmpi.Iallreduce(MPI.IN_PLACE, x, MPI.SUM, comm).Wait()
+            if not np.array_equal(x, exact):
+                problems.append(f"call {i} is not the exact sum")
+    agree(comm, problems)
+    if _progress.mode(_comm.context(comm)) == "library":  # the library's requests
+        assert t.trials == []
+        return
+    assert len(t.tuned) == 1 and len(set(comm.allgather(t.tuned[0].algorithm))) == 1
+    assert comm.allgather([x.algorithm for x in t.trials])[0] == [x.algorithm for x in t.trials]

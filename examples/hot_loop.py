@@ -4,7 +4,7 @@
         [--max SIZE]
 
 Each size: calls of auto until its tuner has settled the size class (untimed:
-the lease of the model's best, then the trials),
+the trials and the lead's calls between them),
 then 7 rounds in which the two paths take turns, each a barrier and then a
 loop of the same call (``ringmpi.Allreduce(MPI.IN_PLACE, x)``, as a user calls
 it, and ``comm.Allreduce(MPI.IN_PLACE, x)``); a round's time is the slowest
@@ -59,7 +59,7 @@ def main() -> None:
         xs = [np.zeros(nbytes // 4, np.float32) for _ in range(sets)]
         x = xs[0]
         calls = max(3, min(2000, (200 << 20) // nbytes // 8))
-        while _untuned(comm, nbytes):  # the lease and the tuner's trials, untimed
+        while _untuned(comm, nbytes):  # the tuner's trials and the lead's calls, untimed
             ringmpi.Allreduce(MPI.IN_PLACE, x)
         for other in xs[1:]:  # a call repeated is remembered: the timed ones repeat
             ringmpi.Allreduce(MPI.IN_PLACE, other)

@@ -222,14 +222,24 @@ class _Trials:
                  if t and i not in self.dropped and (i == 0 or self._done(i))]  # fmt: skip
         return min(known, key=lambda i: (self.agreed[i], i)) if known else 0
 
+    def samples(self, i: int) -> int:
+        """How many timed calls a trial of candidate ``i`` makes on its copies: with the
+        spacing auto, as many as take TRIAL_S at the lead's time (a trial's own cost
+        spread over its calls), at most those it has left; else one."""
+        inc = self.agreed[self.lead] or self.expected
+        if self.spacing is not None or not inc:
+            return 1
+        return max(1, min(1 + self.timed - self.runs[i], math.ceil(TRIAL_S / inc)))
+
     def _done(self, i: int) -> bool:
         return i in self.dropped or self.runs[i] >= 1 + self.timed
 
-    def ran(self, i: int, took: float, step: float, ctx: Context, timeout: float) -> None:
-        """Count a trial of candidate ``i`` (``took`` seconds its call, ``step`` the whole
-        trial, here), agree on both, its median and the lead's (one collective), and set
-        the lead's calls before the next trial."""
-        self.runs[i] += 1
+    def ran(self, i: int, made: int, took: float, step: float, ctx: Context,
+            timeout: float) -> None:  # fmt: skip
+        """Count a trial of candidate ``i`` (``made`` calls of it, ``took`` seconds its
+        last, ``step`` the whole trial, here), agree on both, its median and the lead's
+        (one collective), and set the lead's calls before the next trial."""
+        self.runs[i] += made
         self.calls += 1
         lead = self.lead
         median = [statistics.median(t) if t else 0.0 for t in (self.times[lead], self.times[i])]
@@ -308,6 +318,7 @@ class Trial:
         start = time.perf_counter_ns()
         trials, i = self.trials, self.i
         timed = trials.runs[i] > 0  # its first call untimed (a second round has none)
+        made = 1  # its calls timed, or its untimed one
         if sum(trials.runs) % 4 == 0:  # the node's load, outside the timed call
             trials.runnable.append(_host.runnable())
         if _trace._active or more:  # traced (the trace counts its sends), or a half
@@ -327,8 +338,13 @@ class Trial:
             if timed and work.nbytes <= _COPIED_BYTES:
                 out, src = trials.copies(key, work, source)
                 again(out, src)  # the ranks come out of it as out of the call before
+                made = trials.samples(i)
+                for _ in range(made - 1):  # calls after one of their own, as in a loop
+                    t0 = time.perf_counter_ns()
+                    again(out, src)
+                    trials.times[i].append((time.perf_counter_ns() - t0) * 1e-9)
                 t0 = time.perf_counter_ns()
-                again(out, src)  # a call after one of its own, as in a loop
+                again(out, src)
                 took = (time.perf_counter_ns() - t0) * 1e-9
                 again(work, work if source is None else source)
             else:
@@ -340,7 +356,7 @@ class Trial:
         if timed:
             trials.times[i].append(took)
         _trace.record_trial(_size_class(self.klass), self.name, took, timed)
-        trials.ran(i, took, (time.perf_counter_ns() - start) * 1e-9, ctx, timeout)
+        trials.ran(i, made, took, (time.perf_counter_ns() - start) * 1e-9, ctx, timeout)
         if trials.finished:
             self.tuner.settle(self.klass, trials, ctx, timeout)
 
